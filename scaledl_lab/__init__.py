@@ -1,0 +1,20 @@
+"""scaledl_lab: the techniques of "Deep Learning at Scale" (PDP 2019) on Dask and PyTorch."""
+
+from .config import ConfigError, ExperimentConfig, is_quick, quick
+from .experiment import Results, compare, run
+from .runtime.base import DivergenceError, RunError, WorkerLostError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DivergenceError",
+    "ExperimentConfig",
+    "Results",
+    "RunError",
+    "WorkerLostError",
+    "compare",
+    "is_quick",
+    "quick",
+    "run",
+]

@@ -1,0 +1,184 @@
+"""The `scaledl-lab` command: reproduce, run, list, data, bench."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import (
+    CONTRACT_STRATEGIES,
+    DATASETS,
+    IMPLEMENTED_RUNTIMES,
+    IMPLEMENTED_STRATEGIES,
+    ConfigError,
+    ExperimentConfig,
+    is_quick,
+    quick,
+)
+from .models import MODELS
+from .runtime.base import RunError
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scaledl-lab", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    rep = sub.add_parser("reproduce", help="the paper comparison")
+    rep.add_argument("--quick", action="store_true", help="small data, few epochs (minutes)")
+    rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
+    rep.add_argument("--address", default=None, help="attach to this Dask scheduler")
+
+    run = sub.add_parser("run", help="one training run")
+    d = ExperimentConfig.__dataclass_fields__
+    run.add_argument("--strategy", default=d["strategy"].default)
+    run.add_argument("--runtime", default=d["runtime"].default)
+    run.add_argument("--workers", type=int, default=d["workers"].default)
+    run.add_argument("--dataset", default=d["dataset"].default)
+    run.add_argument("--model", default=d["model"].default)
+    run.add_argument("--epochs", type=int, default=d["epochs"].default)
+    run.add_argument(
+        "--batch-size",
+        type=int,
+        default=d["batch_size"].default,
+        help="per worker (effective batch = workers x batch-size)",
+    )
+    run.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="effective batch; must be divisible by --workers",
+    )
+    run.add_argument("--lr", type=float, default=d["lr"].default)
+    run.add_argument("--momentum", type=float, default=d["momentum"].default)
+    run.add_argument("--weight-decay", type=float, default=d["weight_decay"].default)
+    run.add_argument("--optimizer", default=d["optimizer"].default)
+    run.add_argument("--seed", type=int, default=d["seed"].default)
+    run.add_argument("--topology", default=None, help="ring | torus:HxW (decentralised only)")
+    run.add_argument("--sharding", default=d["sharding"].default)
+    run.add_argument("--train-subset", type=int, default=None)
+    run.add_argument("--test-subset", type=int, default=None)
+    run.add_argument("--max-steps", type=int, default=None)
+    run.add_argument("--data-dir", default=None)
+    run.add_argument(
+        "--oversubscribe", action="store_true", help="allow more real workers than CPU cores"
+    )
+    run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
+    run.add_argument("--address", default=None, help="attach to this Dask scheduler")
+    run.add_argument("--out", default=None, help="results folder (default results/<run>)")
+
+    sub.add_parser("list", help="strategies, runtimes, datasets, models")
+
+    data = sub.add_parser("data", help="where datasets are and how to get them")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser("fetch", help="download (with checksums) or generate a dataset")
+    fetch.add_argument("name", choices=DATASETS)
+    fetch.add_argument("--dest", default=None)
+    data_sub.add_parser("info", help="which datasets are present, and where")
+
+    bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
+    bench.add_argument("name", nargs="?", default=None)
+    return p
+
+
+def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    cfg = ExperimentConfig(
+        strategy=args.strategy, runtime=args.runtime, workers=args.workers,
+        dataset=args.dataset, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
+        global_batch_size=args.global_batch_size, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, optimizer=args.optimizer, seed=args.seed,
+        topology=args.topology, sharding=args.sharding, train_subset=args.train_subset,
+        test_subset=args.test_subset, max_steps=args.max_steps, data_dir=args.data_dir,
+        oversubscribe=args.oversubscribe,
+    )  # fmt: skip
+    return quick(cfg) if (args.quick or is_quick()) else cfg
+
+
+def _cmd_list() -> None:
+    from .strategies import DESCRIPTIONS
+
+    print("strategies (implemented):")
+    for name in IMPLEMENTED_STRATEGIES:
+        print(f"  {name:18s} {DESCRIPTIONS.get(name, '')}")
+    pending = [s for s in CONTRACT_STRATEGIES if s not in IMPLEMENTED_STRATEGIES]
+    print("strategies (planned): " + ", ".join(pending))
+    print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
+    print("datasets: " + ", ".join(DATASETS))
+    print("models: " + ", ".join(MODELS))
+
+
+def _cmd_data(args: argparse.Namespace) -> None:
+    from .data import dataset_info, fetch
+
+    if args.data_command == "fetch":
+        path = fetch(args.name, args.dest)
+        print(f"{args.name}: ready in {path}")
+        return
+    for info in dataset_info():
+        status = f"found in {info['path']}" if info["found"] else "not found"
+        print(f"{info['name']}: {status}")
+        if not info["found"]:
+            print(f"  how to get it: {info['how_to_get']}")
+
+
+def _cmd_bench(name: str | None) -> int:
+    if not BENCH_DIR.is_dir():
+        print(
+            f"benchmarks/ not found beside the package ({BENCH_DIR}); run from a checkout",
+            file=sys.stderr,
+        )
+        return 2
+    scripts = sorted(p for p in BENCH_DIR.glob("bench_*.py"))
+    if name is not None:
+        scripts = [p for p in scripts if p.stem in (name, f"bench_{name}")]
+        if not scripts:
+            names = [p.stem.removeprefix("bench_") for p in BENCH_DIR.glob("bench_*.py")]
+            print(
+                f"unknown benchmark {name!r}; available: {', '.join(sorted(names))}",
+                file=sys.stderr,
+            )
+            return 2
+    status = 0
+    for script in scripts:
+        print(f"== {script.stem} ==", flush=True)
+        status |= subprocess.call([sys.executable, str(script)])
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            _cmd_list()
+        elif args.command == "data":
+            _cmd_data(args)
+        elif args.command == "bench":
+            return _cmd_bench(args.name)
+        elif args.command == "run":
+            from .experiment import run
+
+            cfg = _config_from_args(args)
+            out = args.out or f"results/{cfg.label}"
+            results = run(cfg, address=args.address, out=out)
+            print(results.summary().to_string(index=False))
+            print(f"results written to {out}")
+        elif args.command == "reproduce":
+            from .reproduce import reproduce
+
+            is_q = args.quick or is_quick()
+            out = args.out or ("results/reproduce-quick" if is_q else "results/reproduce")
+            reproduce(is_quick=is_q, out=out, address=args.address)
+            print((Path(out) / "summary.md").read_text())
+            print(f"results written to {out}")
+    except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:
+        print(f"scaledl-lab: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Experiment configuration: frozen dataclasses, validated before any cluster starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .models import MODELS
+
+# Every strategy name of the user-facing contract. Only those in IMPLEMENTED_STRATEGIES run today;
+# the others are reserved so that a typo and a not-yet-built technique give different messages.
+CONTRACT_STRATEGIES: tuple[str, ...] = (
+    "allreduce",
+    "allreduce-naive",
+    "ps-sync",
+    "ps-async",
+    "downpour",
+    "hogwild",
+    "staleness-aware",
+    "dc-asgd",
+    "backup-workers",
+    "nnt",
+    "nnt-lockstep",
+    "nnt-staged",
+    "dpsgd",
+    "adpsgd",
+    "local-sgd",
+    "easgd",
+    "model-parallel",
+    "gpipe",
+    "1f1b",
+)
+IMPLEMENTED_STRATEGIES: tuple[str, ...] = ("allreduce", "allreduce-naive")
+RUNTIMES: tuple[str, ...] = ("dask", "sim")
+IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask",)
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad")
+SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+PRECISIONS: tuple[str, ...] = ("float32", "float64")
+
+# Which models accept which datasets' sample shapes (images vs 1-D signals).
+_MODEL_DATASETS: dict[str, tuple[str, ...]] = {
+    "mlp": DATASETS,
+    "cnn": ("fashion-mnist", "cifar10"),
+    "cnn1d": ("mnist1d",),
+    "resnet18": ("fashion-mnist", "cifar10"),
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the allowed values."""
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def is_quick() -> bool:
+    """True when quick mode (``SCALEDL_QUICK=1``) is on: small data, few epochs, same code."""
+    return os.environ.get("SCALEDL_QUICK", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One training run. ``batch_size`` is per worker, as in the paper (effective: × workers)."""
+
+    strategy: str = "allreduce"
+    runtime: str = "dask"
+    workers: int = 2
+    dataset: str = "fashion-mnist"
+    model: str = "cnn"
+    epochs: int = 1
+    batch_size: int = 64
+    global_batch_size: int | None = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    seed: int = 0
+    topology: str | None = None
+    sharding: str = "iid"
+    val_size: int = 5000
+    train_subset: int | None = None
+    test_subset: int | None = None
+    max_steps: int | None = None
+    bucket_mb: float = 4.0
+    device: str = "auto"
+    precision: str = "float32"
+    data_dir: str | None = None
+    timeout_s: float = 60.0
+    oversubscribe: bool = False
+    name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if self.global_batch_size is not None:
+            # The per-worker batch follows from the global one; keep both fields consistent.
+            object.__setattr__(self, "batch_size", self.global_batch_size // self.workers)
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.workers * self.batch_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64 if self.precision == "float64" else torch.float32
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.strategy}-{self.runtime}-{self.workers}w"
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        """A copy with some fields changed (validated again)."""
+        if "batch_size" in changes and "global_batch_size" not in changes:
+            changes["global_batch_size"] = None
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ExperimentConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**values)
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Raise ConfigError for the first invalid field; runs before any cluster starts."""
+    if cfg.strategy not in CONTRACT_STRATEGIES:
+        raise ConfigError(
+            f"strategy={cfg.strategy!r} is unknown; allowed: {_choices(IMPLEMENTED_STRATEGIES)}"
+        )
+    if cfg.strategy not in IMPLEMENTED_STRATEGIES:
+        raise ConfigError(
+            f"strategy={cfg.strategy!r} is not implemented yet; available: "
+            f"{_choices(IMPLEMENTED_STRATEGIES)}"
+        )
+    if cfg.runtime not in RUNTIMES:
+        raise ConfigError(f"runtime={cfg.runtime!r} is unknown; allowed: {_choices(RUNTIMES)}")
+    if cfg.runtime not in IMPLEMENTED_RUNTIMES:
+        raise ConfigError(
+            f"runtime={cfg.runtime!r} is not implemented yet; available: "
+            f"{_choices(IMPLEMENTED_RUNTIMES)}"
+        )
+    if cfg.dataset not in DATASETS:
+        raise ConfigError(f"dataset={cfg.dataset!r} is unknown; allowed: {_choices(DATASETS)}")
+    if cfg.model not in MODELS:
+        raise ConfigError(f"model={cfg.model!r} is unknown; allowed: {_choices(MODELS)}")
+    if cfg.dataset not in _MODEL_DATASETS[cfg.model]:
+        raise ConfigError(
+            f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}; "
+            f"it takes: {_choices(_MODEL_DATASETS[cfg.model])}"
+        )
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            f"optimizer={cfg.optimizer!r} is unknown; allowed: {_choices(OPTIMIZERS)}"
+        )
+    if cfg.sharding not in SHARDINGS:
+        raise ConfigError(f"sharding={cfg.sharding!r} is unknown; allowed: {_choices(SHARDINGS)}")
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"device={cfg.device!r} is unknown; allowed: {_choices(DEVICES)}")
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(
+            f"precision={cfg.precision!r} is unknown; allowed: {_choices(PRECISIONS)}"
+        )
+    for name in ("workers", "epochs", "batch_size"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{name}={value!r} must be a positive integer")
+    for name in ("global_batch_size", "train_subset", "test_subset", "max_steps"):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{name}={value!r} must be a positive integer or None")
+    if not isinstance(cfg.val_size, int) or cfg.val_size < 0:
+        raise ConfigError(f"val_size={cfg.val_size!r} must be a non-negative integer")
+    for name in ("lr", "bucket_mb", "timeout_s"):
+        value = getattr(cfg, name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{name}={value!r} must be a positive number")
+    for name in ("momentum", "weight_decay"):
+        value = getattr(cfg, name)
+        if not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{name}={value!r} must be a non-negative number")
+    if cfg.momentum >= 1:
+        raise ConfigError(f"momentum={cfg.momentum!r} must be below 1")
+    if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.workers:
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} is not divisible by workers={cfg.workers}; "
+            f"choose a multiple of {cfg.workers} or set batch_size (per worker) instead"
+        )
+    if cfg.topology is not None:
+        raise ConfigError(
+            f"topology={cfg.topology!r} does not apply to strategy={cfg.strategy!r}: "
+            "only the decentralised strategies take a topology"
+        )
+
+
+def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:
+    """Refuse more real workers than CPU cores unless ``oversubscribe=True`` says it is meant."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if cfg.runtime == "dask" and cfg.workers > cores and not cfg.oversubscribe:
+        raise ConfigError(
+            f"workers={cfg.workers} exceeds the {cores} CPU cores of this machine; real workers "
+            "would time-share cores and every timing would be wrong. Use runtime='sim' for many "
+            "virtual workers, or set oversubscribe=True (CLI --oversubscribe) to run anyway"
+        )
+
+
+def quick(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The quick-mode version of a config: a data subset and at most two epochs, same code path."""
+    return cfg.replace(
+        epochs=min(cfg.epochs, 2),
+        train_subset=min(cfg.train_subset or 10_000, 10_000),
+        test_subset=min(cfg.test_subset or 5_000, 5_000),
+        val_size=min(cfg.val_size, 2_000),
+    )

@@ -1,0 +1,33 @@
+"""Datasets for the lab: Fashion-MNIST, MNIST-1D and CIFAR-10 in memory, plus worker sharding."""
+
+from .base import (
+    ChecksumError,
+    Dataset,
+    DatasetNotFoundError,
+    DataSplits,
+    sha256_file,
+    verify_sha256,
+)
+from .cifar10 import write_cifar10_fixture
+from .registry import DATASETS, dataset_info, fetch, load_dataset, locate, search_dirs
+from .sharding import SHARDINGS, epoch_batches, shard_indices, steps_per_epoch
+
+__all__ = [
+    "DATASETS",
+    "SHARDINGS",
+    "ChecksumError",
+    "DataSplits",
+    "Dataset",
+    "DatasetNotFoundError",
+    "dataset_info",
+    "epoch_batches",
+    "fetch",
+    "load_dataset",
+    "locate",
+    "search_dirs",
+    "sha256_file",
+    "shard_indices",
+    "steps_per_epoch",
+    "verify_sha256",
+    "write_cifar10_fixture",
+]

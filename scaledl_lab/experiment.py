@@ -1,0 +1,222 @@
+"""Run one config or a comparison; collect the tidy metrics table; save and load results."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .config import ExperimentConfig, check_resources
+from .runtime.base import RunError
+from .runtime.dask import load_for, run_dask
+
+METRIC_COLUMNS: tuple[str, ...] = (
+    "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
+    "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr",
+)  # fmt: skip
+
+RowsCallback = Callable[[list[dict[str, Any]]], None]
+
+
+def to_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The tidy table, columns in the documented order."""
+    return pd.DataFrame(list(rows), columns=list(METRIC_COLUMNS))
+
+
+def environment_info() -> dict[str, Any]:
+    """Package versions and machine facts saved beside every result."""
+    versions = {}
+    for pkg in ("scaledl_lab", "torch", "dask", "distributed", "numpy", "pandas", "mnist1d"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    import torch
+
+    return {
+        "versions": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda_devices": torch.cuda.device_count(),
+        "git_commit": commit,
+    }
+
+
+class _CsvAppender:
+    """Appends rows to metrics.csv as they arrive, so a failed run leaves what it measured."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerow(METRIC_COLUMNS)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> None:
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+            writer.writerows(rows)
+
+
+@dataclass
+class Results:
+    """The outcome of one or more runs: the metrics table plus what each run returned."""
+
+    frame: pd.DataFrame
+    configs: list[ExperimentConfig]
+    outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    out_dir: Path | None = None
+
+    def state_dict(self, run: str | None = None, rank: int = 0) -> dict[str, Any]:
+        """Final model parameters of ``rank`` in ``run`` (the only run when omitted)."""
+        run = run or self.configs[0].label
+        return self.outputs[run][rank]["state_dict"]
+
+    def plot(self, metric: str = "accuracy", x: str = "epoch", kind: str = "test", **kwargs: Any):
+        from . import plots
+
+        return plots.plot_curves(self.frame, metric=metric, x=x, kind=kind, **kwargs)
+
+    def summary(self) -> pd.DataFrame:
+        from . import plots
+
+        return plots.summary_table(self.frame)
+
+    def save(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write metrics.csv/.parquet, config.json, PNG plots and summary.md into ``out_dir``."""
+        from . import plots
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.frame.to_csv(out / "metrics.csv", index=False)
+        self.frame.to_parquet(out / "metrics.parquet", index=False)
+        meta = {"runs": [c.to_dict() for c in self.configs], "environment": environment_info()}
+        (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        plots.save_standard_plots(self.frame, out)
+        (out / "summary.md").write_text(
+            "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
+        )
+        self.out_dir = out
+        return out
+
+    @classmethod
+    def load(cls, out_dir: str | os.PathLike[str]) -> Results:
+        out = Path(out_dir)
+        frame = pd.read_csv(out / "metrics.csv")
+        meta = json.loads((out / "config.json").read_text())
+        configs = [ExperimentConfig.from_dict(c) for c in meta["runs"]]
+        return cls(frame=frame, configs=configs, out_dir=out)
+
+
+def _unique_labels(configs: Sequence[ExperimentConfig]) -> list[str]:
+    labels: list[str] = []
+    for cfg in configs:
+        label, n = cfg.label, 2
+        while label in labels:
+            label, n = f"{cfg.label}#{n}", n + 1
+        labels.append(label)
+    return labels
+
+
+def total_steps(cfg: ExperimentConfig) -> int:
+    """How many steps each worker will take (for progress bars)."""
+    per_worker = len(load_for(cfg).train) // cfg.workers
+    steps = cfg.epochs * (per_worker // cfg.batch_size)
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def compare(
+    configs: Sequence[ExperimentConfig],
+    *,
+    address: str | None = None,
+    client: Any = None,
+    out: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    on_rows: RowsCallback | None = None,
+    log: Callable[[str], None] | None = print,
+) -> Results:
+    """Run several configs one after another on one cluster; one results table for all.
+
+    Every config is validated and its data located before any cluster starts.
+    """
+    from .cluster import connect
+
+    configs = list(configs)
+    if not configs:
+        raise ValueError("compare() needs at least one config")
+    for cfg in configs:
+        if address is None and client is None:
+            check_resources(cfg)
+        load_for(cfg)  # a missing dataset fails here, with the instructions to fetch it
+    labels = _unique_labels(configs)
+    out_dir = Path(out) if out is not None else None
+    append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
+    rows: list[dict[str, Any]] = []
+    outputs: dict[str, list[dict[str, Any]]] = {}
+
+    def execute(client: Any) -> None:
+        for cfg, label in zip(configs, labels, strict=False):
+            bar = _progress_bar(cfg, label) if progress else None
+
+            def collect(batch: list[dict[str, Any]], bar: Any = bar) -> None:
+                rows.extend(batch)
+                if append:
+                    append(batch)
+                if bar is not None:
+                    bar.update(sum(r["kind"] == "train" and r["rank"] == 0 for r in batch))
+                if on_rows:
+                    on_rows(batch)
+
+            try:
+                outputs[label] = run_dask(client, cfg, label, collect)
+            except RunError as exc:
+                where = f"; metrics so far are in {out_dir / 'metrics.csv'}" if out_dir else ""
+                raise type(exc)(f"{exc}{where}") from exc
+            finally:
+                if bar is not None:
+                    bar.close()
+
+    if client is not None:
+        execute(client)
+    else:
+        with connect(max(c.workers for c in configs), address, log=log) as own_client:
+            execute(own_client)
+    results = Results(frame=to_frame(rows), configs=configs, outputs=outputs)
+    if out_dir:
+        results.save(out_dir)
+    return results
+
+
+def run(config: ExperimentConfig, **kwargs: Any) -> Results:
+    """Run one config (see :func:`compare` for the keyword arguments)."""
+    return compare([config], **kwargs)
+
+
+def _progress_bar(cfg: ExperimentConfig, label: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total_steps(cfg), desc=label, unit="step", leave=True)

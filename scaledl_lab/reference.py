@@ -1,0 +1,46 @@
+"""Sequential twins of the parallel strategies: what each one must equal, in one process.
+
+Synchronous data parallelism on N workers with per-worker batch B must equal single-process
+training on the combined N·B batch, in the same data order. ``train_sequential`` builds those
+combined batches from the very same shards and per-epoch orders the workers use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .config import ExperimentConfig
+from .data import DataSplits, epoch_batches, shard_indices
+from .models import build_model
+from .worker import make_optimizer
+
+
+def combined_batches(cfg: ExperimentConfig, data: DataSplits, epoch: int) -> list[torch.Tensor]:
+    """Step t's combined batch: rank 0's t-th batch, then rank 1's, ... (sample indices)."""
+    per_rank = []
+    for rank in range(cfg.workers):
+        shard = shard_indices(data.train.y, cfg.workers, rank, scheme=cfg.sharding, seed=cfg.seed)
+        per_rank.append(epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=epoch, rank=rank))
+    return [torch.cat(parts) for parts in zip(*per_rank, strict=False)]
+
+
+def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
+    """Plain single-process training on the combined batches; returns the final state_dict."""
+    torch.set_num_threads(1)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+    model = model.to(cfg.dtype)
+    optimizer = make_optimizer(cfg, model.parameters())
+    step = 0
+    for epoch in range(cfg.epochs):
+        for idx in combined_batches(cfg, data, epoch):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if cfg.max_steps is not None and step >= cfg.max_steps:
+                return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,150 @@
+"""Synchronous data-parallel SGD: average the workers' gradients with an allreduce every step.
+
+Each worker holds a full replica, computes the gradient of its own mini-batch, and the replicas
+stay identical because every worker applies the same averaged gradient (Goyal et al. 2017; the
+"global communication pattern" the paper's survey starts from). Two reducers sit side by side:
+``NaiveAllreduce`` (flatten everything, one allreduce after backward) and ``BucketedAllreduce``
+(start an allreduce per gradient bucket as soon as backward fills it, as DistributedDataParallel
+does, so communication overlaps the rest of backward).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..runtime.base import Comm, Pending, Row
+from ..worker import WorkerContext, check_finite
+
+
+def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _scatter_back(flat: torch.Tensor, params: list[nn.Parameter], world_size: int) -> None:
+    """Average ``flat`` over the workers and write its slices back into each ``.grad``."""
+    flat.div_(world_size)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        grad = flat[offset : offset + n].view_as(p)
+        if p.grad is None:
+            p.grad = grad.clone()
+        else:
+            p.grad.copy_(grad)
+        offset += n
+
+
+class NaiveAllreduce:
+    """After backward: flatten every gradient (plus the step's stats) into one buffer, one call."""
+
+    def __init__(self, model: nn.Module, comm: Comm) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.comm = comm
+
+    async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
+        """Average gradients in place; return ``stats`` summed over the workers."""
+        grads = [_grad_or_zeros(p).reshape(-1) for p in self.params]
+        flat = torch.cat(grads + [stats.to(grads[0].dtype)])
+        await self.comm.allreduce(flat)
+        summed = flat[-len(stats) :].to(stats.dtype)
+        _scatter_back(flat[: -len(stats)], self.params, self.comm.world_size)
+        return summed
+
+
+class BucketedAllreduce:
+    """Gradients grouped into ~``bucket_mb`` buckets, each reduced as soon as backward fills it."""
+
+    def __init__(self, model: nn.Module, comm: Comm, bucket_mb: float) -> None:
+        self.comm = comm
+        # Backward produces gradients roughly from the last layer to the first.
+        params = [p for p in model.parameters() if p.requires_grad][::-1]
+        limit = int(bucket_mb * 2**20)
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if self.buckets[-1] and size + nbytes > limit:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._ready = [0] * len(self.buckets)
+        self._pending: dict[int, Pending] = {}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        b = self._bucket_of[id(p)]
+        self._ready[b] += 1
+        if self._ready[b] == len(self.buckets[b]):
+            self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in self.buckets[b]])
+        self._pending[b] = self.comm.allreduce_start(flat)
+
+    async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
+        """Wait for every bucket, average in place; return ``stats`` summed over the workers."""
+        for b in range(len(self.buckets)):
+            if b not in self._pending:  # parameters that got no gradient this step
+                self._launch(b)
+        stats_pending = self.comm.allreduce_start(stats)
+        for b in range(len(self.buckets)):
+            flat = await self._pending[b].wait()
+            _scatter_back(flat, self.buckets[b], self.comm.world_size)
+        self._pending.clear()
+        self._ready = [0] * len(self.buckets)
+        return await stats_pending.wait()
+
+
+async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
+    """The program one worker runs (Algorithm: synchronous SGD with allreduce)."""
+    cfg, comm = ctx.config, ctx.comm
+    model = ctx.build_model()  # same seed => the same initial weights on every worker
+    optimizer = ctx.build_optimizer(model)
+    reducer = (
+        NaiveAllreduce(model, comm) if naive else BucketedAllreduce(model, comm, cfg.bucket_mb)
+    )
+    await ctx.evaluate_shared(model, epoch=0.0, step=0)
+    step = 0
+    for epoch in range(cfg.epochs):
+        for x, y in ctx.batches(epoch):
+            sent_before = comm.bytes_sent
+            async with comm.compute(len(y)):
+                optimizer.zero_grad()
+                out = model(x)
+                loss = F.cross_entropy(out, y)
+                loss.backward()  # bucketed: allreduces start from inside backward
+            correct = (out.argmax(1) == y).sum().item()
+            local_loss = loss.item()
+            # The loss travels with the gradients so that every worker sees a divergence at once.
+            totals = await reducer.synchronize(torch.tensor([local_loss], dtype=torch.float64))
+            check_finite(totals[0].item(), rank=ctx.rank, epoch=epoch, step=step)
+            optimizer.step()
+            step += 1
+            ctx.log(
+                Row(
+                    kind="train",
+                    epoch=ctx.progress(step),
+                    step=step,
+                    time=comm.now(),
+                    loss=local_loss,
+                    accuracy=correct / len(y),
+                    samples=len(y),
+                    bytes_sent=comm.bytes_sent - sent_before,
+                    lr=optimizer.param_groups[0]["lr"],
+                )
+            )
+            if ctx.is_done(step):
+                break
+        await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
+        if ctx.is_done(step):
+            break
+    ctx.result["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+async def train_naive(ctx: WorkerContext) -> None:
+    await train(ctx, naive=True)

@@ -1,0 +1,70 @@
+"""Invalid configs are rejected before any cluster starts, with messages naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaledl_lab import ConfigError, ExperimentConfig
+from scaledl_lab.config import check_resources, quick
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model": "vgg"}, r"model='vgg' is unknown; allowed: 'mlp', 'cnn', 'cnn1d', 'resnet18'"),
+        ({"dataset": "imagenet"}, r"dataset='imagenet' is unknown; allowed: 'fashion-mnist'"),
+        ({"strategy": "magic"}, r"strategy='magic' is unknown; allowed: 'allreduce'"),
+        ({"strategy": "gpipe"}, r"strategy='gpipe' is not implemented yet; available:"),
+        ({"runtime": "mpi"}, r"runtime='mpi' is unknown; allowed: 'dask', 'sim'"),
+        ({"workers": 0}, r"workers=0 must be a positive integer"),
+        ({"batch_size": -4}, r"batch_size=-4 must be a positive integer"),
+        ({"epochs": 0}, r"epochs=0 must be a positive integer"),
+        ({"lr": 0.0}, r"lr=0.0 must be a positive number"),
+        ({"momentum": 1.5}, r"momentum=1.5 must be below 1"),
+        (
+            {"global_batch_size": 129, "workers": 2},
+            r"global_batch_size=129 is not divisible by workers=2",
+        ),
+        ({"model": "cnn1d"}, r"model='cnn1d' does not fit dataset='fashion-mnist'"),
+        ({"optimizer": "rmsprop"}, r"optimizer='rmsprop' is unknown; allowed: 'sgd'"),
+        ({"sharding": "zipf"}, r"sharding='zipf' is unknown; allowed: 'iid', 'label-skew'"),
+        ({"topology": "ring"}, r"topology='ring' does not apply to strategy='allreduce'"),
+        ({"train_subset": 0}, r"train_subset=0 must be a positive integer or None"),
+    ],
+)
+def test_invalid_configs_name_the_field(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        ExperimentConfig(**changes)
+
+
+def test_replace_validates_again():
+    with pytest.raises(ConfigError, match="workers=-1"):
+        ExperimentConfig().replace(workers=-1)
+
+
+def test_more_workers_than_cores_needs_an_override():
+    cfg = ExperimentConfig(workers=8)
+    with pytest.raises(ConfigError, match=r"workers=8 exceeds the 2 CPU cores .* oversubscribe"):
+        check_resources(cfg, cores=2)
+    check_resources(cfg.replace(oversubscribe=True), cores=2)
+
+
+def test_global_batch_sets_per_worker_batch():
+    cfg = ExperimentConfig(workers=4, global_batch_size=256)
+    assert cfg.batch_size == 64 and cfg.effective_batch_size == 256
+    assert cfg.replace(workers=2).batch_size == 128
+    assert cfg.replace(batch_size=8).global_batch_size is None
+
+
+def test_round_trip_and_quick():
+    cfg = ExperimentConfig(model="mlp", epochs=10)
+    assert ExperimentConfig.from_dict(cfg.to_dict()) == cfg
+    q = quick(cfg)
+    assert q.epochs == 2 and q.train_subset == 10_000 and q.model == "mlp"
+    with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['colour'\]"):
+        ExperimentConfig.from_dict({"colour": "red"})
+
+
+def test_label():
+    assert ExperimentConfig(workers=2).label == "allreduce-dask-2w"
+    assert ExperimentConfig(name="mine").label == "mine"
