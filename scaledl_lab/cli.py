@@ -18,6 +18,7 @@ from .config import (
     is_quick,
     quick,
 )
+from .cost import DEVICES, NETWORKS
 from .models import MODELS
 from .runtime.base import RunError
 
@@ -67,11 +68,23 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--oversubscribe", action="store_true", help="allow more real workers than CPU cores"
     )
+    run.add_argument("--compute-profile", default=d["compute_profile"].default,
+                     help="sim: a device (cpu-core, v100, a100, h100) or a calibration .json")
+    run.add_argument("--network", default=d["network"].default,
+                     help="sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW or .json")
+    run.add_argument("--allreduce-algorithm", default=d["allreduce_algorithm"].default,
+                     help="sim: ring | recursive-doubling")
+    run.add_argument("--stragglers", default=None,
+                     help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)")
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
 
-    sub.add_parser("list", help="strategies, runtimes, datasets, models")
+    sub.add_parser("list", help="strategies, runtimes, datasets, models, cost profiles")
+
+    cal = sub.add_parser("calibrate", help="measure this machine for the simulated runtime")
+    cal.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=list(MODELS))
+    cal.add_argument("--out", default=None, help="profile JSON (default in ~/.cache/scaledl_lab)")
 
     data = sub.add_parser("data", help="where datasets are and how to get them")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -93,7 +106,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         weight_decay=args.weight_decay, optimizer=args.optimizer, seed=args.seed,
         topology=args.topology, sharding=args.sharding, train_subset=args.train_subset,
         test_subset=args.test_subset, max_steps=args.max_steps, data_dir=args.data_dir,
-        oversubscribe=args.oversubscribe,
+        oversubscribe=args.oversubscribe, compute_profile=args.compute_profile,
+        network=args.network, allreduce_algorithm=args.allreduce_algorithm,
+        stragglers=args.stragglers,
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 
@@ -109,12 +124,20 @@ def _cmd_list() -> None:
     print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
     print("datasets: " + ", ".join(DATASETS))
     print("models: " + ", ".join(MODELS))
+    print("sim compute profiles: " + ", ".join(DEVICES) + ", or a file from `calibrate`")
+    print("sim networks: " + ", ".join(NETWORKS) + ", custom:LATENCY_S:BANDWIDTH_BPS")
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
-    from .data import dataset_info, fetch
+    from .data import DatasetNotFoundError, dataset_info, fetch, locate
 
     if args.data_command == "fetch":
+        if args.dest is None:
+            try:
+                print(f"{args.name}: already present in {locate(args.name)}")
+                return
+            except DatasetNotFoundError:
+                pass
         path = fetch(args.name, args.dest)
         print(f"{args.name}: ready in {path}")
         return
@@ -156,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _cmd_list()
         elif args.command == "data":
             _cmd_data(args)
+        elif args.command == "calibrate":
+            from .calibrate import calibrate
+
+            calibrate(tuple(args.models), args.out)
         elif args.command == "bench":
             return _cmd_bench(args.name)
         elif args.command == "run":
@@ -174,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reproduce(is_quick=is_q, out=out, address=args.address)
             print((Path(out) / "summary.md").read_text())
             print(f"results written to {out}")
-    except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:  # CostModelError too
         print(f"scaledl-lab: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,152 @@
+"""Side by side, in one run: our synchronous data parallelism on Dask vs raw PyTorch DDP.
+
+Throughput (samples/s over steady-state steps) of `allreduce` (bucketed) and `allreduce-naive`
+on 2 Dask workers against plain `DistributedDataParallel` with gloo on 2 processes started by
+torch.multiprocessing: same model, seed, per-worker batch, data shards and batch order, one
+thread per process. Then the allreduce bandwidth of our Comm against a raw `dist.all_reduce`,
+both inside the same process group. Runs alternate (ours, DDP, ours, DDP ...) so that drift of
+the machine hits both; medians are reported.
+
+    python benchmarks/bench_sync_sgd.py [--batches 64 256] [--steps 60] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from scaledl_lab import ExperimentConfig
+from scaledl_lab.cluster import connect
+from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
+from scaledl_lab.models import build_model
+from scaledl_lab.runtime.dask import run_dask
+
+WARMUP = 10
+DATA = dict(train_subset=40_000, test_subset=200, val_size=200)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_rank(rank: int, world: int, port: int, model_name: str, batch: int, steps: int,
+              out: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    data = load_dataset("fashion-mnist", seed=0, **DATA)
+    model = DistributedDataParallel(build_model(model_name, data.input_shape, 10, seed=0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    shard = shard_indices(data.train.y, world, rank, seed=0)
+    order = epoch_batches(shard, batch, seed=0, epoch=0, rank=rank)
+    for i, idx in enumerate(order[: WARMUP + steps]):
+        if i == WARMUP:
+            dist.barrier()
+            start = time.perf_counter()
+        x, y = data.train.x[idx], data.train.y[idx]
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    elapsed = time.perf_counter() - start
+    out.put((rank, steps * batch / elapsed))
+    dist.destroy_process_group()
+
+
+def ddp_throughput(model: str, batch: int, steps: int, world: int = 2) -> float:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_rank, args=(r, world, port, model, batch, steps, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    rates = [out.get(timeout=600)[1] for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(rates)
+
+
+def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -> float:
+    cfg = ExperimentConfig(strategy=strategy, workers=2, model=model, batch_size=batch,
+                           max_steps=WARMUP + steps, **DATA)
+    rows: list[dict] = []
+    run_dask(client, cfg, cfg.label, rows.extend)
+    rate = 0.0
+    for rank in (0, 1):
+        times = {r["step"]: r["time"] for r in rows if r["kind"] == "train" and r["rank"] == rank}
+        rate += steps * batch / (times[WARMUP + steps] - times[WARMUP])
+    return rate
+
+
+SIZES = (2**20, 4 * 2**20, 16 * 2**20)
+REPS = 20
+
+
+async def allreduce_program(ctx) -> None:
+    """Time our Comm.allreduce and a raw dist.all_reduce on the same tensors, interleaved."""
+    for nbytes in SIZES:
+        tensor = torch.ones(nbytes // 4)
+        ours, raw = [], []
+        for _ in range(REPS):
+            dist.barrier()
+            start = time.perf_counter()
+            await ctx.comm.allreduce(tensor)
+            ours.append(time.perf_counter() - start)
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            raw.append(time.perf_counter() - start)
+        ctx.result[nbytes] = (statistics.median(ours), statistics.median(raw))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    with connect(2, dashboard=False, log=None) as client:
+        print(f"model={args.model}, 2 workers x 1 thread, {args.steps} timed steps after "
+              f"{WARMUP} warm-up, median of {args.repeats}")
+        print(f"{'batch/worker':>12} {'DDP samples/s':>14} {'ours':>10} {'ratio':>6} "
+              f"{'naive':>10} {'ratio':>6}")
+        for batch in args.batches:
+            ddp, ours, naive = [], [], []
+            for _ in range(args.repeats):
+                ours.append(ours_throughput(client, "allreduce", args.model, batch, args.steps))
+                ddp.append(ddp_throughput(args.model, batch, args.steps))
+                naive.append(ours_throughput(client, "allreduce-naive", args.model, batch,
+                                             args.steps))
+            d, o, n = (statistics.median(v) for v in (ddp, ours, naive))
+            print(f"{batch:>12} {d:>14.1f} {o:>10.1f} {o / d:>6.2f} {n:>10.1f} {n / d:>6.2f}",
+                  flush=True)
+
+        cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
+        results = run_dask(client, cfg, "allreduce-bandwidth", lambda rows: None,
+                           program=allreduce_program)
+        print("\nallreduce, 2 workers (gloo): algorithm bandwidth = bytes / time")
+        print(f"{'size':>8} {'ours ms':>9} {'raw ms':>8} {'ours GB/s':>10} {'raw GB/s':>9} "
+              f"{'ratio':>6}")
+        for nbytes in SIZES:
+            ours_t, raw_t = results[0][nbytes]
+            print(f"{nbytes / 2**20:>6.0f}MB {ours_t * 1e3:>9.2f} {raw_t * 1e3:>8.2f} "
+                  f"{nbytes / ours_t / 1e9:>10.2f} {nbytes / raw_t / 1e9:>9.2f} "
+                  f"{raw_t / ours_t:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
