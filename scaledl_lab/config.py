@@ -36,7 +36,7 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
 )
 IMPLEMENTED_STRATEGIES: tuple[str, ...] = ("allreduce", "allreduce-naive")
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
-IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask",)
+IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
@@ -95,6 +95,11 @@ class ExperimentConfig:
     timeout_s: float = 60.0
     oversubscribe: bool = False
     name: str | None = None
+    # Simulated runtime only: the cost model (see scaledl_lab.cost).
+    compute_profile: str = "cpu-core"
+    network: str = "loopback"
+    allreduce_algorithm: str = "ring"
+    stragglers: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -197,11 +202,39 @@ def validate(cfg: ExperimentConfig) -> None:
             f"global_batch_size={cfg.global_batch_size} is not divisible by workers={cfg.workers}; "
             f"choose a multiple of {cfg.workers} or set batch_size (per worker) instead"
         )
+    _validate_cost_model(cfg)
     if cfg.topology is not None:
         raise ConfigError(
             f"topology={cfg.topology!r} does not apply to strategy={cfg.strategy!r}: "
             "only the decentralised strategies take a topology"
         )
+
+
+def _validate_cost_model(cfg: ExperimentConfig) -> None:
+    from .cost import (
+        ALLREDUCE_ALGORITHMS,
+        DEVICES,
+        CostModelError,
+        Stragglers,
+        load_calibration,
+        network_profile,
+    )
+
+    if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ConfigError(f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
+                          f"allowed: {_choices(ALLREDUCE_ALGORITHMS)}")
+    try:
+        network_profile(cfg.network)
+        Stragglers.parse(cfg.stragglers)
+        if cfg.compute_profile not in DEVICES:
+            if not cfg.compute_profile.endswith(".json"):
+                raise CostModelError(
+                    f"compute_profile={cfg.compute_profile!r} is unknown; allowed: "
+                    f"{_choices(tuple(DEVICES))} or a calibration .json file"
+                )
+            load_calibration(cfg.compute_profile)
+    except CostModelError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

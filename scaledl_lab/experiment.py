@@ -16,9 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from .config import ExperimentConfig, check_resources
+from .config import ConfigError, ExperimentConfig, check_resources
 from .runtime.base import RunError
 from .runtime.dask import load_for, run_dask
+from .runtime.sim import Event, run_sim
 
 METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
@@ -90,6 +91,13 @@ class Results:
     configs: list[ExperimentConfig]
     outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     out_dir: Path | None = None
+    timelines: dict[str, list[Event]] = field(default_factory=dict)  # sim runs only
+
+    def timeline(self, run: str | None = None) -> pd.DataFrame:
+        """A sim run's per-worker events (rank, kind, start, end) as a table."""
+        run = run or self.configs[0].label
+        return pd.DataFrame([vars(e) for e in self.timelines[run]],
+                            columns=["rank", "kind", "start", "end"])
 
     def state_dict(self, run: str | None = None, rank: int = 0) -> dict[str, Any]:
         """Final model parameters of ``rank`` in ``run`` (the only run when omitted)."""
@@ -142,6 +150,19 @@ def _unique_labels(configs: Sequence[ExperimentConfig]) -> list[str]:
     return labels
 
 
+def check_data(cfg: ExperimentConfig) -> None:
+    """Locate the data (a missing dataset fails with the fetch instructions) and check that
+    every worker gets at least one full batch."""
+    n = len(load_for(cfg).train)
+    if cfg.workers > n:
+        raise ConfigError(f"workers={cfg.workers} exceeds the {n} training samples of "
+                          f"{cfg.dataset}: every worker needs a shard")
+    if n // cfg.workers < cfg.batch_size:
+        raise ConfigError(f"each of the {cfg.workers} workers gets {n // cfg.workers} training "
+                          f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
+                          "batch, fewer workers or more data")
+
+
 def total_steps(cfg: ExperimentConfig) -> int:
     """How many steps each worker will take (for progress bars)."""
     per_worker = len(load_for(cfg).train) // cfg.workers
@@ -171,12 +192,13 @@ def compare(
     for cfg in configs:
         if address is None and client is None:
             check_resources(cfg)
-        load_for(cfg)  # a missing dataset fails here, with the instructions to fetch it
+        check_data(cfg)
     labels = _unique_labels(configs)
     out_dir = Path(out) if out is not None else None
     append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
     rows: list[dict[str, Any]] = []
     outputs: dict[str, list[dict[str, Any]]] = {}
+    timelines: dict[str, list[Event]] = {}
 
     def execute(client: Any) -> None:
         for cfg, label in zip(configs, labels, strict=False):
@@ -192,7 +214,10 @@ def compare(
                     on_rows(batch)
 
             try:
-                outputs[label] = run_dask(client, cfg, label, collect)
+                if cfg.runtime == "sim":
+                    outputs[label], timelines[label] = run_sim(cfg, label, collect)
+                else:
+                    outputs[label] = run_dask(client, cfg, label, collect)
             except RunError as exc:
                 where = f"; metrics so far are in {out_dir / 'metrics.csv'}" if out_dir else ""
                 raise type(exc)(f"{exc}{where}") from exc
@@ -200,12 +225,13 @@ def compare(
                 if bar is not None:
                     bar.close()
 
-    if client is not None:
+    if client is not None or all(c.runtime == "sim" for c in configs):
         execute(client)
     else:
         with connect(max(c.workers for c in configs), address, log=log) as own_client:
             execute(own_client)
-    results = Results(frame=to_frame(rows), configs=configs, outputs=outputs)
+    results = Results(frame=to_frame(rows), configs=configs, outputs=outputs,
+                      timelines=timelines)
     if out_dir:
         results.save(out_dir)
     return results

@@ -16,7 +16,7 @@ from .data import Dataset, DataSplits, epoch_batches, shard_indices, steps_per_e
 from .models import build_model
 from .runtime.base import Comm, DivergenceError, Row
 
-EVAL_BATCH = 1000
+EVAL_BATCH = 250  # small enough that activations stay in cache
 
 
 def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:

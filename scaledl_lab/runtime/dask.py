@@ -26,7 +26,8 @@ from ..config import ConfigError, ExperimentConfig
 from ..data import DataSplits, load_dataset
 from .base import Comm, Pending, RunError, WorkerLostError, ring_allreduce_bytes
 
-POLL_S = 0.2
+POLL_S = 0.25
+LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
 FLUSH_S = 0.5
 # After one rank fails, how long the others get to finish failing on their own.
 GRACE_S = 5.0
@@ -152,7 +153,7 @@ def _free_port() -> int:
 
 
 def _run_rank(
-    strategy: str,
+    program: Callable[[Any], Any] | None,
     cfg: ExperimentConfig,
     rank: int,
     world_size: int,
@@ -187,7 +188,7 @@ def _run_rank(
             run_label,
         )
         try:
-            asyncio.run(get_program(strategy)(ctx))
+            asyncio.run((program or get_program(cfg.strategy))(ctx))
         finally:
             sink.flush()
         return ctx.result
@@ -209,9 +210,11 @@ def run_dask(
     cfg: ExperimentConfig,
     run_label: str,
     on_rows: Callable[[list[dict[str, Any]]], None],
+    program: Callable[[Any], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``cfg`` on the first ``cfg.workers`` workers; stream rows to ``on_rows``.
 
+    ``program`` replaces the config's strategy (benchmarks run their own programs this way).
     Returns each rank's result dict. Raises :class:`RunError` (with the failing rank's
     message) when a rank fails, and :class:`WorkerLostError` when a worker process dies.
     """
@@ -227,7 +230,7 @@ def run_dask(
     futures = [
         client.submit(
             _run_rank,
-            cfg.strategy,
+            program,
             cfg,
             rank,
             cfg.workers,
@@ -248,6 +251,7 @@ def run_dask(
             on_rows(batch)
 
     failed_at: float | None = None
+    checked, lost = time.monotonic(), []
     try:
         while True:
             drain()
@@ -258,8 +262,10 @@ def run_dask(
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
                 break
-            alive = set(client.scheduler_info(n_workers=-1)["workers"])
-            lost = [(r, a) for r, a in enumerate(addresses) if a not in alive]
+            if time.monotonic() - checked > LIVENESS_S:
+                checked = time.monotonic()
+                alive = set(client.scheduler_info(n_workers=-1)["workers"])
+                lost = [(r, a) for r, a in enumerate(addresses) if a not in alive]
             if lost:
                 rank, addr = lost[0]
                 raise WorkerLostError(
