@@ -1,0 +1,71 @@
+"""What simulating costs: N virtual workers × S steps vs the same N×S gradients computed plainly.
+
+The simulator computes every worker's gradient for real; its own overhead (N model replicas,
+optimiser steps, summing N gradients per allreduce, the event scheduler, metrics) should stay
+small next to that work. Both sides use one thread and the same mini-batches.
+
+    python benchmarks/bench_sim_cost.py [--workers 16 64] [--steps 5] [--model cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from scaledl_lab import ExperimentConfig
+from scaledl_lab.data import epoch_batches, shard_indices
+from scaledl_lab.models import build_model
+from scaledl_lab.runtime.dask import load_for
+from scaledl_lab.runtime.sim import run_sim
+
+
+def plain_gradients(cfg: ExperimentConfig) -> float:
+    """Seconds to compute the same workers × steps mini-batch gradients in one plain loop."""
+    data = load_for(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+    batches = []
+    for rank in range(cfg.workers):
+        shard = shard_indices(data.train.y, cfg.workers, rank, seed=cfg.seed)
+        batches += epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=0,
+                                 rank=rank)[: cfg.max_steps]
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    for idx in batches:
+        model.zero_grad()
+        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+    return time.perf_counter() - start
+
+
+def simulated(cfg: ExperimentConfig) -> float:
+    start = time.perf_counter()
+    run_sim(cfg, cfg.label, lambda rows: None)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--models", nargs="+", default=["cnn", "mlp"])
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    print(f"{'model':>6} {'workers':>8} {'steps':>6} {'plain s':>9} {'sim s':>8} {'ratio':>6}")
+    for model in args.models:
+        for n in args.workers:
+            # Evaluation sets of one sample per worker: the comparison is about training steps.
+            cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=n, model=model,
+                                   batch_size=args.batch_size, max_steps=args.steps,
+                                   train_subset=n * args.batch_size * args.steps,
+                                   val_size=n, test_subset=n)
+            load_for(cfg)  # data loading is not part of either side
+            plain = min(plain_gradients(cfg) for _ in range(2))
+            sim = min(simulated(cfg) for _ in range(2))
+            print(f"{model:>6} {n:>8} {args.steps:>6} {plain:>9.2f} {sim:>8.2f} "
+                  f"{sim / plain:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

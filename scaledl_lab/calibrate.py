@@ -1,0 +1,110 @@
+"""Measure this machine for the simulator: compute time per step, and gloo's α and β.
+
+Compute: a training step (forward, backward, optimiser step) of each model, one thread, timed
+at two batch sizes; a line through the medians gives ``per_step_s + per_sample_s · batch``.
+Network: allreduces of several sizes between two real Dask workers over gloo; for two workers
+the ring costs n/β + 2α, so a least-squares line through (n, time) gives α and β.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .cost import ComputeProfile, NetworkProfile, default_profile_path, save_calibration
+from .models import build_model
+
+SHAPES = {"mlp": ((1, 28, 28), 10), "cnn": ((1, 28, 28), 10), "cnn1d": ((1, 40), 10),
+          "resnet18": ((3, 32, 32), 10)}
+SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)
+
+
+def time_steps(model_name: str, batch: int, *, steps: int = 20, warmup: int = 3) -> float:
+    """Median seconds of one SGD training step of ``model_name`` at ``batch``, one thread."""
+    shape, classes = SHAPES[model_name]
+    model = build_model(model_name, shape, classes, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, *shape), torch.randint(0, classes, (batch,))
+    times = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
+def calibrate_compute(model_name: str, batches: tuple[int, int] = (32, 128)) -> ComputeProfile:
+    small, large = batches
+    t_small, t_large = time_steps(model_name, small), time_steps(model_name, large)
+    per_sample = max((t_large - t_small) / (large - small), 1e-9)
+    per_step = max(t_small - per_sample * small, 0.0)
+    return ComputeProfile(f"calibrated:{model_name}", per_step, per_sample)
+
+
+async def _allreduce_timings(ctx: Any) -> None:
+    for nbytes in SIZES:
+        tensor = torch.ones(nbytes // 4)
+        samples = []
+        for _ in range(15):
+            await ctx.comm.barrier()
+            start = time.perf_counter()
+            await ctx.comm.allreduce(tensor)
+            samples.append(time.perf_counter() - start)
+        ctx.result[nbytes] = statistics.median(samples)
+
+
+def calibrate_network(client: Any) -> NetworkProfile:
+    """α and β of gloo between the first two workers of ``client``'s cluster."""
+    from .config import ExperimentConfig
+    from .runtime.dask import run_dask
+
+    cfg = ExperimentConfig(workers=2, model="mlp", train_subset=1000, test_subset=100,
+                           val_size=100)
+    timings = run_dask(client, cfg, "calibrate-network", lambda rows: None,
+                       program=_allreduce_timings)[0]
+    n = np.array(SIZES, dtype=float)
+    t = np.array([timings[s] for s in SIZES])
+    slope, intercept = np.polyfit(n, t, 1)  # t = n/β + 2α for two workers
+    return NetworkProfile("calibrated", max(intercept / 2, 0.0), 1.0 / max(slope, 1e-15))
+
+
+def calibrate(models: tuple[str, ...] = ("mlp", "cnn"), out: str | os.PathLike[str] | None = None,
+              *, client: Any = None, log: Any = print) -> Path:
+    """Measure compute for ``models`` and the network, and save the profile JSON."""
+    from .cluster import connect
+
+    compute = {}
+    for name in models:
+        compute[name] = calibrate_compute(name)
+        if log:
+            p = compute[name]
+            log(f"{name}: {p.per_step_s * 1e3:.2f} ms/step + {p.per_sample_s * 1e3:.3f} ms/sample")
+    if client is None:
+        with connect(2, dashboard=False, log=None) as own:
+            network = calibrate_network(own)
+    else:
+        network = calibrate_network(client)
+    if log:
+        log(f"network: latency {network.latency_s * 1e6:.0f} us, "
+            f"bandwidth {network.bandwidth_Bps / 1e9:.2f} GB/s")
+    meta = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "threads_per_worker": 1}
+    path = save_calibration(out or default_profile_path(), compute, network, meta)
+    if log:
+        log(f"saved {path}; use it with --compute-profile {path} --network {path}")
+    return path

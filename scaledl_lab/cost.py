@@ -1,0 +1,241 @@
+"""Cost models for the simulated runtime: compute time, messages (α–β), allreduce, stragglers.
+
+Times follow the latency–bandwidth (Hockney) model: a message of n bytes costs α + n/β. The
+ring allreduce costs 2(p−1)/p · n/β + 2(p−1)·α (Patarasuk & Yuan 2009; Thakur et al. 2005);
+recursive doubling costs ⌈log2 p⌉·(α + n/β). Compute time per step is a + b·samples, either
+calibrated on this machine (``scaledl-lab calibrate``) or derived from a device's FLOP rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class CostModelError(ValueError):
+    """An unknown profile or an impossible cost parameter."""
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Seconds for one training step on ``samples`` samples: ``per_step + per_sample·samples``."""
+
+    name: str
+    per_step_s: float
+    per_sample_s: float
+
+    def __post_init__(self) -> None:
+        if self.per_step_s < 0 or self.per_sample_s <= 0:
+            raise CostModelError(
+                f"compute profile {self.name!r}: per_step_s must be >= 0 and per_sample_s > 0 "
+                f"(got {self.per_step_s}, {self.per_sample_s})"
+            )
+
+    def step_time(self, samples: int) -> float:
+        return self.per_step_s + self.per_sample_s * samples
+
+
+@dataclass(frozen=True)
+class NetworkProfile:
+    """Per-message latency α (s) and bandwidth β (bytes/s)."""
+
+    name: str
+    latency_s: float
+    bandwidth_Bps: float
+
+    def __post_init__(self) -> None:
+        if self.latency_s < 0:
+            raise CostModelError(f"network {self.name!r}: latency must be >= 0, "
+                                 f"got {self.latency_s}")
+        if not self.bandwidth_Bps > 0:
+            raise CostModelError(f"network {self.name!r}: bandwidth must be positive, "
+                                 f"got {self.bandwidth_Bps}")
+
+    def message_time(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+# Peak FP32 rate × a typical achieved fraction for small CNNs (~40%; a CPU core is the
+# effective rate measured for the small CNN here, so its fraction is already in it).
+DEVICES: dict[str, float] = {
+    "cpu-core": 12e9,
+    "v100": 15.7e12 * 0.4,
+    "a100": 19.5e12 * 0.4,
+    "h100": 67e12 * 0.4,
+}
+NETWORKS: dict[str, NetworkProfile] = {
+    "loopback": NetworkProfile("loopback", 120e-6, 0.9e9),  # gloo on one host (measured here)
+    "1gbe": NetworkProfile("1gbe", 50e-6, 0.125e9),
+    "10gbe": NetworkProfile("10gbe", 20e-6, 1.25e9),
+    "100g-ib": NetworkProfile("100g-ib", 2e-6, 12.5e9),
+    "nvlink": NetworkProfile("nvlink", 2e-6, 150e9),
+}
+ALLREDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "recursive-doubling")
+
+
+def allreduce_time(nbytes: int, world_size: int, net: NetworkProfile,
+                   algorithm: str = "ring") -> float:
+    """Time of an allreduce of ``nbytes`` on ``world_size`` workers."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    if algorithm == "ring":
+        return 2 * (p - 1) / p * nbytes / net.bandwidth_Bps + 2 * (p - 1) * net.latency_s
+    if algorithm == "recursive-doubling":
+        return math.ceil(math.log2(p)) * net.message_time(nbytes)
+    raise CostModelError(f"allreduce algorithm {algorithm!r} is unknown; allowed: "
+                         f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+
+
+def allreduce_bytes(nbytes: int, world_size: int, algorithm: str = "ring") -> int:
+    """Bytes one worker sends in that allreduce."""
+    p = world_size
+    if p <= 1:
+        return 0
+    if algorithm == "ring":
+        return int(math.ceil(2 * (p - 1) * nbytes / p))
+    return math.ceil(math.log2(p)) * nbytes
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Seeded slowdowns: fixed slow ranks, a per-worker lognormal spread, random hiccups."""
+
+    slow: dict[int, float] = field(default_factory=dict)
+    spread: float = 0.0
+    hiccup_prob: float = 0.0
+    hiccup_s: float = 0.0
+    seed: int = 0
+
+    def factor(self, rank: int, world_size: int) -> float:
+        """The fixed multiplier of ``rank``'s compute time."""
+        f = self.slow.get(rank, 1.0)
+        if self.spread > 0:
+            rng = np.random.default_rng([self.seed, world_size])
+            f *= float(rng.lognormal(0.0, self.spread, size=world_size)[rank])
+        return f
+
+    def hiccup(self, rank: int, step: int) -> float:
+        """Extra seconds this step, drawn from (seed, rank, step) alone: order-independent."""
+        if self.hiccup_prob <= 0:
+            return 0.0
+        u = np.random.default_rng([self.seed, rank, step, 1]).random()
+        return self.hiccup_s if u < self.hiccup_prob else 0.0
+
+    @classmethod
+    def parse(cls, spec: str | None, seed: int = 0) -> Stragglers:
+        """``slow:RANK:FACTOR``, ``spread:SIGMA``, ``hiccup:PROB:SECONDS``, joined by commas."""
+        if not spec:
+            return cls(seed=seed)
+        slow: dict[int, float] = {}
+        spread = prob = secs = 0.0
+        for part in spec.split(","):
+            kind, *args = part.strip().split(":")
+            try:
+                if kind == "slow" and len(args) == 2:
+                    slow[int(args[0])] = float(args[1])
+                elif kind == "spread" and len(args) == 1:
+                    spread = float(args[0])
+                elif kind == "hiccup" and len(args) == 2:
+                    prob, secs = float(args[0]), float(args[1])
+                else:
+                    raise ValueError
+            except ValueError:
+                raise CostModelError(
+                    f"stragglers={spec!r}: cannot read {part!r}; use slow:RANK:FACTOR, "
+                    "spread:SIGMA or hiccup:PROB:SECONDS, joined by commas"
+                ) from None
+        if any(f <= 0 for f in slow.values()) or spread < 0 or not 0 <= prob <= 1 or secs < 0:
+            raise CostModelError(f"stragglers={spec!r}: factors must be > 0, spread >= 0, "
+                                 "0 <= prob <= 1, seconds >= 0")
+        return cls(slow=slow, spread=spread, hiccup_prob=prob, hiccup_s=secs, seed=seed)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Everything the simulator charges time for."""
+
+    compute: ComputeProfile
+    network: NetworkProfile
+    allreduce: str = "ring"
+    stragglers: Stragglers = field(default_factory=Stragglers)
+
+    def step_time(self, rank: int, world_size: int, step: int, samples: int) -> float:
+        base = self.compute.step_time(samples) * self.stragglers.factor(rank, world_size)
+        return base + self.stragglers.hiccup(rank, step)
+
+    def allreduce_time(self, nbytes: int, world_size: int) -> float:
+        return allreduce_time(nbytes, world_size, self.network, self.allreduce)
+
+    def allreduce_bytes(self, nbytes: int, world_size: int) -> int:
+        return allreduce_bytes(nbytes, world_size, self.allreduce)
+
+
+# -- profiles: built-in device rates and calibration files ---------------------------------
+
+
+def default_profile_path() -> Path:
+    root = os.environ.get("SCALEDL_DATA_DIR") or Path.home() / ".cache" / "scaledl_lab"
+    return Path(root) / "calibration.json"
+
+
+def save_calibration(path: str | os.PathLike[str], compute: dict[str, ComputeProfile],
+                     network: NetworkProfile, meta: dict) -> Path:
+    """Write a calibration: one compute profile per model, the measured network, provenance."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"compute": {k: asdict(v) for k, v in compute.items()},
+            "network": asdict(network), "meta": meta}
+    path.write_text(json.dumps(body, indent=2))
+    return path
+
+
+def load_calibration(path: str | os.PathLike[str]) -> tuple[dict[str, ComputeProfile],
+                                                            NetworkProfile]:
+    path = Path(path)
+    if not path.is_file():
+        raise CostModelError(f"calibration file {path} does not exist; create it with "
+                             "`scaledl-lab calibrate`")
+    body = json.loads(path.read_text())
+    compute = {k: ComputeProfile(**v) for k, v in body["compute"].items()}
+    return compute, NetworkProfile(**body["network"])
+
+
+def compute_profile(spec: str, model: str, flops_per_sample: int) -> ComputeProfile:
+    """``spec`` is a device name (rate from DEVICES) or a calibration file path."""
+    if spec in DEVICES:
+        # A training step is ~3 forward passes (forward, and backward for inputs and weights).
+        per_sample = 3 * flops_per_sample / DEVICES[spec]
+        return ComputeProfile(f"{spec}:{model}", per_step_s=1e-4, per_sample_s=per_sample)
+    if spec.endswith(".json") or os.sep in spec:
+        compute, _ = load_calibration(spec)
+        if model not in compute:
+            raise CostModelError(f"calibration {spec} has no profile for model {model!r} "
+                                 f"(it has {sorted(compute)}); run `scaledl-lab calibrate "
+                                 f"--models {model}`")
+        return compute[model]
+    raise CostModelError(f"compute profile {spec!r} is unknown; allowed: "
+                         f"{', '.join(DEVICES)} or a calibration .json file")
+
+
+def network_profile(spec: str) -> NetworkProfile:
+    """A named network, ``custom:LATENCY_S:BANDWIDTH_BPS``, or a calibration file's network."""
+    if spec in NETWORKS:
+        return NETWORKS[spec]
+    if spec.startswith("custom:"):
+        try:
+            _, lat, bw = spec.split(":")
+            latency, bandwidth = float(lat), float(bw)
+        except ValueError:
+            raise CostModelError(f"network {spec!r}: use custom:LATENCY_S:BANDWIDTH_BPS, "
+                                 "e.g. custom:5e-6:1.25e10") from None
+        return NetworkProfile(spec, latency, bandwidth)
+    if spec.endswith(".json"):
+        return load_calibration(spec)[1]
+    raise CostModelError(f"network {spec!r} is unknown; allowed: {', '.join(NETWORKS)}, "
+                         "custom:LATENCY_S:BANDWIDTH_BPS or a calibration .json file")

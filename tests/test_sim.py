@@ -1,0 +1,162 @@
+"""The simulated runtime: deterministic, the same code as Dask, and faithful to the cost model."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from scaledl_lab import ConfigError, ExperimentConfig, RunError, run
+from scaledl_lab.cost import (
+    ComputeProfile,
+    CostModel,
+    NetworkProfile,
+    Stragglers,
+)
+from scaledl_lab.runtime.sim import SimWorld
+
+SMALL = dict(dataset="fashion-mnist", train_subset=2400, test_subset=400, val_size=400,
+             batch_size=32, epochs=1, max_steps=20, lr=0.05, momentum=0.9)
+
+
+def _cost(latency=1e-4, bandwidth=1e9, per_sample=1e-4, stragglers=None, algorithm="ring"):
+    return CostModel(ComputeProfile("test", 1e-3, per_sample),
+                     NetworkProfile("test", latency, bandwidth), algorithm,
+                     stragglers or Stragglers())
+
+
+def test_same_config_and_seed_give_bit_identical_tables():
+    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=8, model="mlp",
+                           stragglers="spread:0.3,hiccup:0.1:0.05", **SMALL)
+    a = run(cfg, progress=False)
+    b = run(cfg, progress=False)
+    pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline(), b.timeline(), check_exact=True)
+    assert (a.frame["runtime"] == "sim").all() and a.frame["time"].max() > 0
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "allreduce-naive"])
+def test_sim_and_dask_give_identical_parameters(client, strategy):
+    cfg = ExperimentConfig(strategy=strategy, workers=2, model="cnn", **SMALL)
+    on_dask = run(cfg, client=client, progress=False).state_dict()
+    on_sim = run(cfg.replace(runtime="sim"), progress=False).state_dict()
+    assert all(torch.equal(on_dask[k], on_sim[k]) for k in on_dask)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 7, 8, 16, 31, 64, 128, 256])
+def test_ring_allreduce_time_matches_closed_form(p):
+    latency, bandwidth, numel = 5e-6, 1.25e9, 2**18  # 1 MiB of float32
+    world = SimWorld(p, _cost(latency, bandwidth))
+
+    async def program(comm):
+        await comm.allreduce(torch.ones(numel))
+
+    world.run([program] * p)
+    n = numel * 4
+    closed_form = 2 * (p - 1) / p * n / bandwidth + 2 * (p - 1) * latency
+    for comm in world.comms:
+        assert comm.now() == pytest.approx(closed_form, rel=0.01)
+        assert comm.bytes_sent == math.ceil(2 * (p - 1) * n / p)
+
+
+def test_allreduce_sums_and_waits_for_the_last_worker():
+    world = SimWorld(3, _cost(per_sample=1e-3, stragglers=Stragglers(slow={2: 4.0})))
+    out = {}
+
+    async def program(comm):
+        async with comm.compute(samples=10):
+            t = torch.full((4,), float(comm.rank + 1))
+        await comm.allreduce(t)
+        out[comm.rank] = (t.clone(), comm.now())
+
+    world.run([program] * 3)
+    compute_fast, compute_slow = 1e-3 + 10e-3, (1e-3 + 10e-3) * 4
+    for rank in range(3):
+        assert torch.equal(out[rank][0], torch.full((4,), 6.0))
+        assert out[rank][1] == pytest.approx(compute_slow + world.cost.allreduce_time(16, 3))
+    idle = sum(e.end - e.start for e in world.events if e.rank == 0 and e.kind == "idle")
+    assert idle == pytest.approx(compute_slow - compute_fast)
+
+
+def test_send_recv_costs_latency_plus_bytes_over_bandwidth():
+    world = SimWorld(2, _cost(latency=1e-3, bandwidth=1e6))
+    got = torch.zeros(250)
+
+    async def program(comm):
+        if comm.rank == 0:
+            await comm.send(torch.arange(250.0), dst=1)
+        else:
+            await comm.recv(got, src=0)
+
+    world.run([program] * 2)
+    assert torch.equal(got, torch.arange(250.0))
+    assert world.comms[1].now() == pytest.approx(1e-3 + 1000 / 1e6)
+
+
+def test_deadlock_is_reported_not_hung():
+    world = SimWorld(2, _cost())
+
+    async def program(comm):
+        await comm.recv(torch.zeros(1), src=1 - comm.rank)
+
+    with pytest.raises(RunError, match=r"simulated deadlock: ranks \[0, 1\]"):
+        world.run([program] * 2)
+
+
+def test_timeline_accounts_for_all_time():
+    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=4, model="mlp",
+                           stragglers="slow:1:3", **SMALL)
+    res = run(cfg, progress=False)
+    tl = res.timeline()
+    assert set(tl["kind"]) == {"compute", "comm", "idle"}
+    for rank in range(4):
+        bars = tl[tl["rank"] == rank].sort_values("start")
+        # Back to back from 0: every virtual second is compute, communication or waiting.
+        assert bars["start"].iloc[0] == 0.0
+        assert (bars["start"].iloc[1:].to_numpy() == bars["end"].iloc[:-1].to_numpy()).all()
+    # Rank 0 logs the last evaluation, at the end of its timeline.
+    assert tl[tl["rank"] == 0]["end"].max() == pytest.approx(res.frame["time"].max())
+    idle = tl[tl.kind == "idle"].assign(d=lambda d: d.end - d.start).groupby("rank")["d"].sum()
+    assert idle.get(1, 0.0) < idle[0]  # the slow worker is the one the others wait for
+
+
+def test_straggler_slows_synchronous_steps():
+    base = ExperimentConfig(strategy="allreduce", runtime="sim", workers=4, model="mlp", **SMALL)
+    t_even = run(base, progress=False).frame.query("kind == 'train'")["time"].max()
+    t_slow = run(base.replace(stragglers="slow:2:4"), progress=False).frame.query(
+        "kind == 'train'")["time"].max()
+    assert t_slow > 2.5 * t_even
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"compute_profile": "tpu9"}, r"compute_profile='tpu9' is unknown; allowed: 'cpu-core'"),
+        ({"network": "carrier-pigeon"}, r"network 'carrier-pigeon' is unknown; allowed: loopback"),
+        ({"network": "custom:1e-6:-5"}, r"bandwidth must be positive, got -5.0"),
+        ({"network": "custom:fast"}, r"use custom:LATENCY_S:BANDWIDTH_BPS"),
+        ({"stragglers": "slow:1"}, r"stragglers='slow:1': cannot read 'slow:1'"),
+        ({"allreduce_algorithm": "butterfly"}, r"allreduce_algorithm='butterfly' is unknown"),
+        ({"compute_profile": "/nowhere/cal.json"}, r"calibration file /nowhere/cal.json does not"),
+    ],
+)
+def test_bad_cost_model_input(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        ExperimentConfig(runtime="sim", **changes)
+
+
+def test_more_workers_than_samples():
+    cfg = ExperimentConfig(runtime="sim", workers=256, model="mlp", train_subset=100,
+                           val_size=100, test_subset=100, batch_size=1)
+    with pytest.raises(ConfigError, match=r"workers=256 exceeds the 100 training samples"):
+        run(cfg, progress=False)
+
+
+def test_many_virtual_workers():
+    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=64, model="mlp",
+                           batch_size=16, train_subset=4096, test_subset=200, val_size=200)
+    frame = run(cfg, progress=False).frame
+    assert frame["rank"].nunique() == 64
+    assert (frame.query("kind == 'train'").groupby("rank").size() == 4).all()
