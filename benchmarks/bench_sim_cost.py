@@ -19,6 +19,7 @@ from scaledl_lab import ExperimentConfig
 from scaledl_lab.data import epoch_batches, shard_indices
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask import load_for
+from scaledl_lab.runtime.memory import keep_freed_memory
 from scaledl_lab.runtime.sim import run_sim
 
 
@@ -29,8 +30,9 @@ def plain_gradients(cfg: ExperimentConfig) -> float:
     batches = []
     for rank in range(cfg.workers):
         shard = shard_indices(data.train.y, cfg.workers, rank, seed=cfg.seed)
-        batches += epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=0,
-                                 rank=rank)[: cfg.max_steps]
+        batches += epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=0, rank=rank)[
+            : cfg.max_steps
+        ]
     torch.set_num_threads(1)
     start = time.perf_counter()
     for idx in batches:
@@ -52,19 +54,29 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["cnn", "mlp"])
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
+    keep_freed_memory()  # both sides run in this process with the tuning the simulator applies
     print(f"{'model':>6} {'workers':>8} {'steps':>6} {'plain s':>9} {'sim s':>8} {'ratio':>6}")
     for model in args.models:
         for n in args.workers:
             # Evaluation sets of one sample per worker: the comparison is about training steps.
-            cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=n, model=model,
-                                   batch_size=args.batch_size, max_steps=args.steps,
-                                   train_subset=n * args.batch_size * args.steps,
-                                   val_size=n, test_subset=n)
+            cfg = ExperimentConfig(
+                strategy="allreduce",
+                runtime="sim",
+                workers=n,
+                model=model,
+                batch_size=args.batch_size,
+                max_steps=args.steps,
+                train_subset=n * args.batch_size * args.steps,
+                val_size=n,
+                test_subset=n,
+            )
             load_for(cfg)  # data loading is not part of either side
             plain = min(plain_gradients(cfg) for _ in range(2))
             sim = min(simulated(cfg) for _ in range(2))
-            print(f"{model:>6} {n:>8} {args.steps:>6} {plain:>9.2f} {sim:>8.2f} "
-                  f"{sim / plain:>6.2f}", flush=True)
+            print(
+                f"{model:>6} {n:>8} {args.steps:>6} {plain:>9.2f} {sim:>8.2f} {sim / plain:>6.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from scaledl_lab.cluster import connect
 from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask import run_dask
+from scaledl_lab.runtime.memory import keep_freed_memory
 
 WARMUP = 10
 DATA = dict(train_subset=40_000, test_subset=200, val_size=200)
@@ -39,11 +40,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ddp_rank(rank: int, world: int, port: int, model_name: str, batch: int, steps: int,
-              out: mp.Queue) -> None:
+def _ddp_rank(
+    rank: int,
+    world: int,
+    port: int,
+    model_name: str,
+    batch: int,
+    steps: int,
+    tuned: bool,
+    out: mp.Queue,
+) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    if tuned:
+        keep_freed_memory()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     data = load_dataset("fashion-mnist", seed=0, **DATA)
     model = DistributedDataParallel(build_model(model_name, data.input_shape, 10, seed=0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -64,12 +76,14 @@ def _ddp_rank(rank: int, world: int, port: int, model_name: str, batch: int, ste
     dist.destroy_process_group()
 
 
-def ddp_throughput(model: str, batch: int, steps: int, world: int = 2) -> float:
+def ddp_throughput(model: str, batch: int, steps: int, tuned: bool, world: int = 2) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, world, port, model, batch, steps, out))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_ddp_rank, args=(r, world, port, model, batch, steps, tuned, out))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     rates = [out.get(timeout=600)[1] for _ in procs]
@@ -79,8 +93,14 @@ def ddp_throughput(model: str, batch: int, steps: int, world: int = 2) -> float:
 
 
 def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -> float:
-    cfg = ExperimentConfig(strategy=strategy, workers=2, model=model, batch_size=batch,
-                           max_steps=WARMUP + steps, **DATA)
+    cfg = ExperimentConfig(
+        strategy=strategy,
+        workers=2,
+        model=model,
+        batch_size=batch,
+        max_steps=WARMUP + steps,
+        **DATA,
+    )
     rows: list[dict] = []
     run_dask(client, cfg, cfg.label, rows.extend)
     rate = 0.0
@@ -120,32 +140,52 @@ def main() -> None:
     args = parser.parse_args()
 
     with connect(2, dashboard=False, log=None) as client:
-        print(f"model={args.model}, 2 workers x 1 thread, {args.steps} timed steps after "
-              f"{WARMUP} warm-up, median of {args.repeats}")
-        print(f"{'batch/worker':>12} {'DDP samples/s':>14} {'ours':>10} {'ratio':>6} "
-              f"{'naive':>10} {'ratio':>6}")
+        print(
+            f"model={args.model}, 2 workers x 1 thread, {args.steps} timed steps after "
+            f"{WARMUP} warm-up, median of {args.repeats}"
+        )
+        print(
+            "ratio = ours / plain DDP; 'DDP+malloc' is DDP with the same malloc tuning our "
+            "workers apply (runtime/memory.py)"
+        )
+        print(
+            f"{'batch/worker':>12} {'DDP':>8} {'DDP+malloc':>10} {'ours':>8} {'ratio':>6} "
+            f"{'vs +malloc':>10} {'naive':>8} {'ratio':>6}"
+        )
         for batch in args.batches:
-            ddp, ours, naive = [], [], []
+            runs: dict[str, list[float]] = {"ddp": [], "ddpm": [], "ours": [], "naive": []}
             for _ in range(args.repeats):
-                ours.append(ours_throughput(client, "allreduce", args.model, batch, args.steps))
-                ddp.append(ddp_throughput(args.model, batch, args.steps))
-                naive.append(ours_throughput(client, "allreduce-naive", args.model, batch,
-                                             args.steps))
-            d, o, n = (statistics.median(v) for v in (ddp, ours, naive))
-            print(f"{batch:>12} {d:>14.1f} {o:>10.1f} {o / d:>6.2f} {n:>10.1f} {n / d:>6.2f}",
-                  flush=True)
+                runs["ours"].append(
+                    ours_throughput(client, "allreduce", args.model, batch, args.steps)
+                )
+                runs["ddp"].append(ddp_throughput(args.model, batch, args.steps, tuned=False))
+                runs["naive"].append(
+                    ours_throughput(client, "allreduce-naive", args.model, batch, args.steps)
+                )
+                runs["ddpm"].append(ddp_throughput(args.model, batch, args.steps, tuned=True))
+            d, dm, o, n = (statistics.median(runs[k]) for k in ("ddp", "ddpm", "ours", "naive"))
+            print(
+                f"{batch:>12} {d:>8.1f} {dm:>10.1f} {o:>8.1f} {o / d:>6.2f} {o / dm:>10.2f} "
+                f"{n:>8.1f} {n / d:>6.2f}",
+                flush=True,
+            )
 
         cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
-        results = run_dask(client, cfg, "allreduce-bandwidth", lambda rows: None,
-                           program=allreduce_program)
+        results = run_dask(
+            client, cfg, "allreduce-bandwidth", lambda rows: None, program=allreduce_program
+        )
         print("\nallreduce, 2 workers (gloo): algorithm bandwidth = bytes / time")
-        print(f"{'size':>8} {'ours ms':>9} {'raw ms':>8} {'ours GB/s':>10} {'raw GB/s':>9} "
-              f"{'ratio':>6}")
+        print(
+            f"{'size':>8} {'ours ms':>9} {'raw ms':>8} {'ours GB/s':>10} {'raw GB/s':>9} "
+            f"{'ratio':>6}"
+        )
         for nbytes in SIZES:
             ours_t, raw_t = results[0][nbytes]
-            print(f"{nbytes / 2**20:>6.0f}MB {ours_t * 1e3:>9.2f} {raw_t * 1e3:>8.2f} "
-                  f"{nbytes / ours_t / 1e9:>10.2f} {nbytes / raw_t / 1e9:>9.2f} "
-                  f"{raw_t / ours_t:>6.2f}")
+            print(
+                f"{nbytes / 2**20:>6.0f}MB {ours_t * 1e3:>9.2f} {raw_t * 1e3:>8.2f} "
+                f"{nbytes / ours_t / 1e9:>10.2f} {nbytes / raw_t / 1e9:>9.2f} "
+                f"{raw_t / ours_t:>6.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -68,14 +68,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--oversubscribe", action="store_true", help="allow more real workers than CPU cores"
     )
-    run.add_argument("--compute-profile", default=d["compute_profile"].default,
-                     help="sim: a device (cpu-core, v100, a100, h100) or a calibration .json")
-    run.add_argument("--network", default=d["network"].default,
-                     help="sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW or .json")
-    run.add_argument("--allreduce-algorithm", default=d["allreduce_algorithm"].default,
-                     help="sim: ring | recursive-doubling")
-    run.add_argument("--stragglers", default=None,
-                     help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)")
+    run.add_argument(
+        "--compute-profile",
+        default=d["compute_profile"].default,
+        help="sim: a device (cpu-core, v100, a100, h100) or a calibration .json",
+    )
+    run.add_argument(
+        "--network",
+        default=d["network"].default,
+        help="sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW or .json",
+    )
+    run.add_argument(
+        "--allreduce-algorithm",
+        default=d["allreduce_algorithm"].default,
+        help="sim: ring | recursive-doubling",
+    )
+    run.add_argument(
+        "--stragglers",
+        default=None,
+        help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)",
+    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")

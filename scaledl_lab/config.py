@@ -216,13 +216,15 @@ def _validate_cost_model(cfg: ExperimentConfig) -> None:
         DEVICES,
         CostModelError,
         Stragglers,
-        load_calibration,
+        compute_profile,
         network_profile,
     )
 
     if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ConfigError(f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
-                          f"allowed: {_choices(ALLREDUCE_ALGORITHMS)}")
+        raise ConfigError(
+            f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
+            f"allowed: {_choices(ALLREDUCE_ALGORITHMS)}"
+        )
     try:
         network_profile(cfg.network)
         Stragglers.parse(cfg.stragglers)
@@ -232,7 +234,7 @@ def _validate_cost_model(cfg: ExperimentConfig) -> None:
                     f"compute_profile={cfg.compute_profile!r} is unknown; allowed: "
                     f"{_choices(tuple(DEVICES))} or a calibration .json file"
                 )
-            load_calibration(cfg.compute_profile)
+            compute_profile(cfg.compute_profile, cfg.model, flops_per_sample=0)
     except CostModelError as exc:
         raise ConfigError(str(exc)) from None
 

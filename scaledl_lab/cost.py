@@ -50,20 +50,23 @@ class NetworkProfile:
 
     def __post_init__(self) -> None:
         if self.latency_s < 0:
-            raise CostModelError(f"network {self.name!r}: latency must be >= 0, "
-                                 f"got {self.latency_s}")
+            raise CostModelError(
+                f"network {self.name!r}: latency must be >= 0, got {self.latency_s}"
+            )
         if not self.bandwidth_Bps > 0:
-            raise CostModelError(f"network {self.name!r}: bandwidth must be positive, "
-                                 f"got {self.bandwidth_Bps}")
+            raise CostModelError(
+                f"network {self.name!r}: bandwidth must be positive, got {self.bandwidth_Bps}"
+            )
 
     def message_time(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
 
 
-# Peak FP32 rate × a typical achieved fraction for small CNNs (~40%; a CPU core is the
-# effective rate measured for the small CNN here, so its fraction is already in it).
+# Peak FP32 rate × a typical achieved fraction for small CNNs (~40%). "cpu-core" is the rate
+# measured for the small CNN on one core of a 2-core x86 laptop-class VM (1.34 ms per sample for
+# 3 × 24 MFLOP; `scaledl-lab calibrate` measures your own machine instead).
 DEVICES: dict[str, float] = {
-    "cpu-core": 12e9,
+    "cpu-core": 50e9,
     "v100": 15.7e12 * 0.4,
     "a100": 19.5e12 * 0.4,
     "h100": 67e12 * 0.4,
@@ -78,8 +81,9 @@ NETWORKS: dict[str, NetworkProfile] = {
 ALLREDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "recursive-doubling")
 
 
-def allreduce_time(nbytes: int, world_size: int, net: NetworkProfile,
-                   algorithm: str = "ring") -> float:
+def allreduce_time(
+    nbytes: int, world_size: int, net: NetworkProfile, algorithm: str = "ring"
+) -> float:
     """Time of an allreduce of ``nbytes`` on ``world_size`` workers."""
     p = world_size
     if p <= 1:
@@ -88,8 +92,9 @@ def allreduce_time(nbytes: int, world_size: int, net: NetworkProfile,
         return 2 * (p - 1) / p * nbytes / net.bandwidth_Bps + 2 * (p - 1) * net.latency_s
     if algorithm == "recursive-doubling":
         return math.ceil(math.log2(p)) * net.message_time(nbytes)
-    raise CostModelError(f"allreduce algorithm {algorithm!r} is unknown; allowed: "
-                         f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+    raise CostModelError(
+        f"allreduce algorithm {algorithm!r} is unknown; allowed: {', '.join(ALLREDUCE_ALGORITHMS)}"
+    )
 
 
 def allreduce_bytes(nbytes: int, world_size: int, algorithm: str = "ring") -> int:
@@ -151,8 +156,10 @@ class Stragglers:
                     "spread:SIGMA or hiccup:PROB:SECONDS, joined by commas"
                 ) from None
         if any(f <= 0 for f in slow.values()) or spread < 0 or not 0 <= prob <= 1 or secs < 0:
-            raise CostModelError(f"stragglers={spec!r}: factors must be > 0, spread >= 0, "
-                                 "0 <= prob <= 1, seconds >= 0")
+            raise CostModelError(
+                f"stragglers={spec!r}: factors must be > 0, spread >= 0, "
+                "0 <= prob <= 1, seconds >= 0"
+            )
         return cls(slow=slow, spread=spread, hiccup_prob=prob, hiccup_s=secs, seed=seed)
 
 
@@ -184,23 +191,32 @@ def default_profile_path() -> Path:
     return Path(root) / "calibration.json"
 
 
-def save_calibration(path: str | os.PathLike[str], compute: dict[str, ComputeProfile],
-                     network: NetworkProfile, meta: dict) -> Path:
+def save_calibration(
+    path: str | os.PathLike[str],
+    compute: dict[str, ComputeProfile],
+    network: NetworkProfile,
+    meta: dict,
+) -> Path:
     """Write a calibration: one compute profile per model, the measured network, provenance."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"compute": {k: asdict(v) for k, v in compute.items()},
-            "network": asdict(network), "meta": meta}
+    body = {
+        "compute": {k: asdict(v) for k, v in compute.items()},
+        "network": asdict(network),
+        "meta": meta,
+    }
     path.write_text(json.dumps(body, indent=2))
     return path
 
 
-def load_calibration(path: str | os.PathLike[str]) -> tuple[dict[str, ComputeProfile],
-                                                            NetworkProfile]:
+def load_calibration(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, ComputeProfile], NetworkProfile]:
     path = Path(path)
     if not path.is_file():
-        raise CostModelError(f"calibration file {path} does not exist; create it with "
-                             "`scaledl-lab calibrate`")
+        raise CostModelError(
+            f"calibration file {path} does not exist; create it with `scaledl-lab calibrate`"
+        )
     body = json.loads(path.read_text())
     compute = {k: ComputeProfile(**v) for k, v in body["compute"].items()}
     return compute, NetworkProfile(**body["network"])
@@ -215,12 +231,16 @@ def compute_profile(spec: str, model: str, flops_per_sample: int) -> ComputeProf
     if spec.endswith(".json") or os.sep in spec:
         compute, _ = load_calibration(spec)
         if model not in compute:
-            raise CostModelError(f"calibration {spec} has no profile for model {model!r} "
-                                 f"(it has {sorted(compute)}); run `scaledl-lab calibrate "
-                                 f"--models {model}`")
+            raise CostModelError(
+                f"calibration {spec} has no profile for model {model!r} "
+                f"(it has {sorted(compute)}); run `scaledl-lab calibrate "
+                f"--models {model}`"
+            )
         return compute[model]
-    raise CostModelError(f"compute profile {spec!r} is unknown; allowed: "
-                         f"{', '.join(DEVICES)} or a calibration .json file")
+    raise CostModelError(
+        f"compute profile {spec!r} is unknown; allowed: "
+        f"{', '.join(DEVICES)} or a calibration .json file"
+    )
 
 
 def network_profile(spec: str) -> NetworkProfile:
@@ -232,10 +252,13 @@ def network_profile(spec: str) -> NetworkProfile:
             _, lat, bw = spec.split(":")
             latency, bandwidth = float(lat), float(bw)
         except ValueError:
-            raise CostModelError(f"network {spec!r}: use custom:LATENCY_S:BANDWIDTH_BPS, "
-                                 "e.g. custom:5e-6:1.25e10") from None
+            raise CostModelError(
+                f"network {spec!r}: use custom:LATENCY_S:BANDWIDTH_BPS, e.g. custom:5e-6:1.25e10"
+            ) from None
         return NetworkProfile(spec, latency, bandwidth)
     if spec.endswith(".json"):
         return load_calibration(spec)[1]
-    raise CostModelError(f"network {spec!r} is unknown; allowed: {', '.join(NETWORKS)}, "
-                         "custom:LATENCY_S:BANDWIDTH_BPS or a calibration .json file")
+    raise CostModelError(
+        f"network {spec!r} is unknown; allowed: {', '.join(NETWORKS)}, "
+        "custom:LATENCY_S:BANDWIDTH_BPS or a calibration .json file"
+    )

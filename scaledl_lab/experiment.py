@@ -96,8 +96,9 @@ class Results:
     def timeline(self, run: str | None = None) -> pd.DataFrame:
         """A sim run's per-worker events (rank, kind, start, end) as a table."""
         run = run or self.configs[0].label
-        return pd.DataFrame([vars(e) for e in self.timelines[run]],
-                            columns=["rank", "kind", "start", "end"])
+        return pd.DataFrame(
+            [vars(e) for e in self.timelines[run]], columns=["rank", "kind", "start", "end"]
+        )
 
     def state_dict(self, run: str | None = None, rank: int = 0) -> dict[str, Any]:
         """Final model parameters of ``rank`` in ``run`` (the only run when omitted)."""
@@ -155,12 +156,16 @@ def check_data(cfg: ExperimentConfig) -> None:
     every worker gets at least one full batch."""
     n = len(load_for(cfg).train)
     if cfg.workers > n:
-        raise ConfigError(f"workers={cfg.workers} exceeds the {n} training samples of "
-                          f"{cfg.dataset}: every worker needs a shard")
+        raise ConfigError(
+            f"workers={cfg.workers} exceeds the {n} training samples of "
+            f"{cfg.dataset}: every worker needs a shard"
+        )
     if n // cfg.workers < cfg.batch_size:
-        raise ConfigError(f"each of the {cfg.workers} workers gets {n // cfg.workers} training "
-                          f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
-                          "batch, fewer workers or more data")
+        raise ConfigError(
+            f"each of the {cfg.workers} workers gets {n // cfg.workers} training "
+            f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
+            "batch, fewer workers or more data"
+        )
 
 
 def total_steps(cfg: ExperimentConfig) -> int:
@@ -230,8 +235,7 @@ def compare(
     else:
         with connect(max(c.workers for c in configs), address, log=log) as own_client:
             execute(own_client)
-    results = Results(frame=to_frame(rows), configs=configs, outputs=outputs,
-                      timelines=timelines)
+    results = Results(frame=to_frame(rows), configs=configs, outputs=outputs, timelines=timelines)
     if out_dir:
         results.save(out_dir)
     return results

@@ -37,9 +37,12 @@ DEFAULT_SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def scaling_sweep(base: ExperimentConfig, workers: Sequence[int] = WORKERS,
-                  settings: dict[str, dict[str, Any]] | None = None,
-                  steps: int = 4) -> pd.DataFrame:
+def scaling_sweep(
+    base: ExperimentConfig,
+    workers: Sequence[int] = WORKERS,
+    settings: dict[str, dict[str, Any]] | None = None,
+    steps: int = 4,
+) -> pd.DataFrame:
     """Run ``base`` on the sim for every (setting, N); one row each with time split, speed-up.
 
     ``settings`` maps a label to config changes (network, compute profile, ...).
@@ -47,9 +50,16 @@ def scaling_sweep(base: ExperimentConfig, workers: Sequence[int] = WORKERS,
     training steps, read from the recorded timeline; ``idle_s`` is its waiting.
     """
     settings = settings or DEFAULT_SETTINGS
-    runs = [(label, base.replace(runtime="sim", workers=n, max_steps=steps, epochs=1,
-                                 name=f"{label}/{n}w", **changes))
-            for label, changes in settings.items() for n in workers]
+    runs = [
+        (
+            label,
+            base.replace(
+                runtime="sim", workers=n, max_steps=steps, epochs=1, name=f"{label}/{n}w", **changes
+            ),
+        )
+        for label, changes in settings.items()
+        for n in workers
+    ]
     results = compare([cfg for _, cfg in runs], progress=False)
     records = []
     for setting, cfg in runs:
@@ -59,12 +69,17 @@ def scaling_sweep(base: ExperimentConfig, workers: Sequence[int] = WORKERS,
         tl = results.timeline(cfg.label)
         tl = tl[(tl["rank"] == 0) & (tl["start"] >= t0) & (tl["end"] <= t1)]
         spent = (tl["end"] - tl["start"]).groupby(tl["kind"]).sum() / (len(train) - 1)
-        records.append({
-            "setting": setting, "workers": cfg.workers, "step_time_s": step_time(frame),
-            "compute_s": spent.get("compute", 0.0), "comm_s": spent.get("comm", 0.0),
-            "idle_s": spent.get("idle", 0.0),
-            "bytes_per_step": int(train["bytes_sent"].median()),
-        })
+        records.append(
+            {
+                "setting": setting,
+                "workers": cfg.workers,
+                "step_time_s": step_time(frame),
+                "compute_s": spent.get("compute", 0.0),
+                "comm_s": spent.get("comm", 0.0),
+                "idle_s": spent.get("idle", 0.0),
+                "bytes_per_step": int(train["bytes_sent"].median()),
+            }
+        )
     table = pd.DataFrame(records)
     one = table[table["workers"] == 1].set_index("setting")["step_time_s"]
     table["speedup"] = table["workers"] * table["setting"].map(one) / table["step_time_s"]
@@ -81,32 +96,53 @@ def plot_speedup(table: pd.DataFrame, ax: Axes | None = None) -> Figure:
         ax.plot(rows["workers"], rows["speedup"], marker="o", label=setting)
     n = np.array(sorted(table["workers"].unique()))
     ax.plot(n, n, "k--", linewidth=1, label="ideal")
-    ax.set(xscale="log", yscale="log", xlabel="workers", ylabel="speed-up (samples/s vs 1)",
-           title="synchronous data parallelism, weak scaling")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="workers",
+        ylabel="speed-up (samples/s vs 1)",
+        title="synchronous data parallelism, weak scaling",
+    )
     ax.legend()
     return fig
 
 
-def plot_timeline(timeline: pd.DataFrame, *, start: float = 0.0, end: float | None = None,
-                  ax: Axes | None = None, title: str | None = None) -> Figure:
+def plot_timeline(
+    timeline: pd.DataFrame,
+    *,
+    start: float = 0.0,
+    end: float | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
     """A Gantt chart of compute, communication and idle time per worker, from recorded events."""
     if timeline.empty:
         raise ValueError("the timeline is empty: only simulated runs record events")
     end = timeline["end"].max() if end is None else end
     shown = timeline[(timeline["end"] > start) & (timeline["start"] < end)]
     ranks = sorted(shown["rank"].unique())
-    fig = ax.figure if ax is not None else Figure(
-        figsize=(9, 0.35 * len(ranks) + 1.4), layout="constrained")
+    fig = (
+        ax.figure
+        if ax is not None
+        else Figure(figsize=(9, 0.35 * len(ranks) + 1.4), layout="constrained")
+    )
     ax = ax or fig.add_subplot()
     for kind, colour in KIND_COLOURS.items():
         bars = shown[shown["kind"] == kind]
         for rank, rows in bars.groupby("rank"):
-            spans = [(max(s, start), min(e, end) - max(s, start))
-                     for s, e in zip(rows["start"], rows["end"], strict=False)]
+            spans = [
+                (max(s, start), min(e, end) - max(s, start))
+                for s, e in zip(rows["start"], rows["end"], strict=False)
+            ]
             ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=colour)
         ax.barh([], [], color=colour, label=kind)  # legend entry
-    ax.set(xlim=(start, end), yticks=ranks, xlabel="virtual time (s)", ylabel="rank",
-           title=title or "per-worker timeline")
+    ax.set(
+        xlim=(start, end),
+        yticks=ranks,
+        xlabel="virtual time (s)",
+        ylabel="rank",
+        title=title or "per-worker timeline",
+    )
     ax.invert_yaxis()
     ax.legend(loc="upper right", ncols=3)
     return fig

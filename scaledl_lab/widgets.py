@@ -58,38 +58,55 @@ class TrainingPanel:
         self.client = client
         self.defaults = defaults
         max_workers = len(client.scheduler_info(n_workers=-1)["workers"])
-        self.workers = w.IntSlider(value=min(defaults.workers, max_workers), min=1,
-                                   max=max_workers, description="workers")
-        self.batch_size = w.Dropdown(options=[16, 32, 64, 128, 256], value=defaults.batch_size,
-                                     description="batch/worker")
-        self.lr = w.FloatLogSlider(value=defaults.lr, base=10, min=-4, max=0, step=0.1,
-                                   description="lr", readout_format=".4f")
+        self.workers = w.IntSlider(
+            value=min(defaults.workers, max_workers), min=1, max=max_workers, description="workers"
+        )
+        self.batch_size = w.Dropdown(
+            options=[16, 32, 64, 128, 256], value=defaults.batch_size, description="batch/worker"
+        )
+        self.lr = w.FloatLogSlider(
+            value=defaults.lr,
+            base=10,
+            min=-4,
+            max=0,
+            step=0.1,
+            description="lr",
+            readout_format=".4f",
+        )
         self.epochs = w.IntSlider(value=defaults.epochs, min=1, max=20, description="epochs")
-        self.model = w.Dropdown(options=["mlp", "cnn", "resnet18"], value=defaults.model,
-                                description="model")
+        self.model = w.Dropdown(
+            options=["mlp", "cnn", "resnet18"], value=defaults.model, description="model"
+        )
         self.button = w.Button(description="Run", button_style="primary", icon="play")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="steps")
         self.status = w.HTML(value="")
         self.curves = LiveCurves()
         self.history: list[Results] = []
         self.button.on_click(lambda _: self.run())
-        controls = w.HBox([w.VBox([self.workers, self.batch_size, self.lr]),
-                           w.VBox([self.epochs, self.model, self.button])])
+        controls = w.HBox(
+            [
+                w.VBox([self.workers, self.batch_size, self.lr]),
+                w.VBox([self.epochs, self.model, self.button]),
+            ]
+        )
         self.widget = w.VBox([controls, w.HBox([self.progress, self.status]), self.curves.out])
 
     def config(self) -> ExperimentConfig:
         """The config the controls describe (validated: a bad choice fails here)."""
-        return self.defaults.replace(workers=self.workers.value, batch_size=self.batch_size.value,
-                                     lr=self.lr.value, epochs=self.epochs.value,
-                                     model=self.model.value)
+        return self.defaults.replace(
+            workers=self.workers.value,
+            batch_size=self.batch_size.value,
+            lr=self.lr.value,
+            epochs=self.epochs.value,
+            model=self.model.value,
+        )
 
     def _on_rows(self, batch: list[dict[str, Any]]) -> None:
         self.progress.value += sum(r["kind"] == "train" and r["rank"] == 0 for r in batch)
         tests = [r for r in batch if r["kind"] == "test"]
         if tests:
             last = tests[-1]
-            self.status.value = (f"epoch {last['epoch']:.2f}: test accuracy "
-                                 f"{last['accuracy']:.2%}")
+            self.status.value = f"epoch {last['epoch']:.2f}: test accuracy {last['accuracy']:.2%}"
         self.curves.add(batch)
 
     def run(self, config: ExperimentConfig | None = None) -> Results:
@@ -107,8 +124,9 @@ class TrainingPanel:
             self.button.disabled = False
         self.curves.draw()
         final = results.summary().iloc[0]
-        self.status.value = (f"done in {final['time_s']:.1f} s: test accuracy "
-                             f"{final['test_accuracy']:.2%}")
+        self.status.value = (
+            f"done in {final['time_s']:.1f} s: test accuracy {final['test_accuracy']:.2%}"
+        )
         self.history.append(results)
         return results
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from .data import Dataset, DataSplits, epoch_batches, shard_indices, steps_per_e
 from .models import build_model
 from .runtime.base import Comm, DivergenceError, Row
 
+_TEMPLATES: dict[tuple[Any, ...], nn.Module] = {}
 EVAL_BATCH = 250  # small enough that activations stay in cache
 
 
@@ -76,10 +78,13 @@ class WorkerContext:
     def build_model(self) -> nn.Module:
         """The model, initialised from the run's seed: the same weights on every worker."""
         data = self.data
-        model = build_model(
-            self.config.model, data.input_shape, data.num_classes, seed=self.config.seed
-        )
-        return model.to(self.device, self.config.dtype)
+        key = (self.config.model, data.input_shape, data.num_classes, self.config.seed)
+        if key not in _TEMPLATES:
+            # Copying a template is cheaper than drawing the initial weights again, which
+            # matters when the simulator builds hundreds of replicas.
+            _TEMPLATES.clear()
+            _TEMPLATES[key] = build_model(key[0], key[1], key[2], seed=key[3])
+        return copy.deepcopy(_TEMPLATES[key]).to(self.device, self.config.dtype)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return make_optimizer(self.config, model.parameters())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
 
 from scaledl_lab.cli import main
 from scaledl_lab.experiment import METRIC_COLUMNS, Results
@@ -42,13 +41,38 @@ def test_unknown_benchmark(capsys):
 
 def test_run_writes_results_folder(tmp_path, capsys):
     out = tmp_path / "res"
-    code = main(["run", "--strategy", "allreduce", "--workers", "2", "--model", "mlp",
-                 "--batch-size", "32", "--train-subset", "1200", "--test-subset", "300",
-                 "--max-steps", "8", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--strategy",
+            "allreduce",
+            "--workers",
+            "2",
+            "--model",
+            "mlp",
+            "--batch-size",
+            "32",
+            "--train-subset",
+            "1200",
+            "--test-subset",
+            "300",
+            "--max-steps",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
-    for name in ("metrics.csv", "metrics.parquet", "config.json", "summary.md",
-                 "accuracy_vs_epoch.png", "loss_vs_epoch.png", "accuracy_vs_time.png",
-                 "loss_vs_time.png"):
+    for name in (
+        "metrics.csv",
+        "metrics.parquet",
+        "config.json",
+        "summary.md",
+        "accuracy_vs_epoch.png",
+        "loss_vs_epoch.png",
+        "accuracy_vs_time.png",
+        "loss_vs_time.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     frame = pd.read_parquet(out / "metrics.parquet")
     assert list(frame.columns) == list(METRIC_COLUMNS)

@@ -17,19 +17,37 @@ from scaledl_lab.cost import (
 )
 from scaledl_lab.runtime.sim import SimWorld
 
-SMALL = dict(dataset="fashion-mnist", train_subset=2400, test_subset=400, val_size=400,
-             batch_size=32, epochs=1, max_steps=20, lr=0.05, momentum=0.9)
+SMALL = dict(
+    dataset="fashion-mnist",
+    train_subset=2400,
+    test_subset=400,
+    val_size=400,
+    batch_size=32,
+    epochs=1,
+    max_steps=20,
+    lr=0.05,
+    momentum=0.9,
+)
 
 
 def _cost(latency=1e-4, bandwidth=1e9, per_sample=1e-4, stragglers=None, algorithm="ring"):
-    return CostModel(ComputeProfile("test", 1e-3, per_sample),
-                     NetworkProfile("test", latency, bandwidth), algorithm,
-                     stragglers or Stragglers())
+    return CostModel(
+        ComputeProfile("test", 1e-3, per_sample),
+        NetworkProfile("test", latency, bandwidth),
+        algorithm,
+        stragglers or Stragglers(),
+    )
 
 
 def test_same_config_and_seed_give_bit_identical_tables():
-    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=8, model="mlp",
-                           stragglers="spread:0.3,hiccup:0.1:0.05", **SMALL)
+    cfg = ExperimentConfig(
+        strategy="allreduce",
+        runtime="sim",
+        workers=8,
+        model="mlp",
+        stragglers="spread:0.3,hiccup:0.1:0.05",
+        **SMALL,
+    )
     a = run(cfg, progress=False)
     b = run(cfg, progress=False)
     pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)
@@ -106,8 +124,9 @@ def test_deadlock_is_reported_not_hung():
 
 
 def test_timeline_accounts_for_all_time():
-    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=4, model="mlp",
-                           stragglers="slow:1:3", **SMALL)
+    cfg = ExperimentConfig(
+        strategy="allreduce", runtime="sim", workers=4, model="mlp", stragglers="slow:1:3", **SMALL
+    )
     res = run(cfg, progress=False)
     tl = res.timeline()
     assert set(tl["kind"]) == {"compute", "comm", "idle"}
@@ -125,8 +144,11 @@ def test_timeline_accounts_for_all_time():
 def test_straggler_slows_synchronous_steps():
     base = ExperimentConfig(strategy="allreduce", runtime="sim", workers=4, model="mlp", **SMALL)
     t_even = run(base, progress=False).frame.query("kind == 'train'")["time"].max()
-    t_slow = run(base.replace(stragglers="slow:2:4"), progress=False).frame.query(
-        "kind == 'train'")["time"].max()
+    t_slow = (
+        run(base.replace(stragglers="slow:2:4"), progress=False)
+        .frame.query("kind == 'train'")["time"]
+        .max()
+    )
     assert t_slow > 2.5 * t_even
 
 
@@ -148,15 +170,88 @@ def test_bad_cost_model_input(changes, message):
 
 
 def test_more_workers_than_samples():
-    cfg = ExperimentConfig(runtime="sim", workers=256, model="mlp", train_subset=100,
-                           val_size=100, test_subset=100, batch_size=1)
+    cfg = ExperimentConfig(
+        runtime="sim",
+        workers=256,
+        model="mlp",
+        train_subset=100,
+        val_size=100,
+        test_subset=100,
+        batch_size=1,
+    )
     with pytest.raises(ConfigError, match=r"workers=256 exceeds the 100 training samples"):
         run(cfg, progress=False)
 
 
 def test_many_virtual_workers():
-    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=64, model="mlp",
-                           batch_size=16, train_subset=4096, test_subset=200, val_size=200)
+    cfg = ExperimentConfig(
+        strategy="allreduce",
+        runtime="sim",
+        workers=64,
+        model="mlp",
+        batch_size=16,
+        train_subset=4096,
+        test_subset=200,
+        val_size=200,
+    )
     frame = run(cfg, progress=False).frame
     assert frame["rank"].nunique() == 64
     assert (frame.query("kind == 'train'").groupby("rank").size() == 4).all()
+
+
+def test_calibration_measures_and_saves_a_usable_profile(client, tmp_path):
+    from scaledl_lab.calibrate import calibrate
+    from scaledl_lab.cost import load_calibration
+
+    path = calibrate(("mlp",), tmp_path / "cal.json", client=client, log=None)
+    compute, network = load_calibration(path)
+    assert compute["mlp"].per_sample_s > 0 and network.bandwidth_Bps > 1e6
+    assert 0 <= network.latency_s < 0.1
+    cfg = ExperimentConfig(
+        strategy="allreduce",
+        runtime="sim",
+        workers=4,
+        model="mlp",
+        compute_profile=str(path),
+        network=str(path),
+        **SMALL,
+    )
+    frame = run(cfg, progress=False).frame
+    step = compute["mlp"].step_time(32)
+    first_two = frame.query("kind == 'train' and rank == 0")["time"].iloc[:2].to_numpy()
+    assert first_two[1] - first_two[0] > step  # compute plus the allreduce
+    with pytest.raises(ConfigError, match=r"has no profile for model 'cnn'"):
+        run(cfg.replace(model="cnn"), progress=False)
+
+
+def test_cli_runs_the_simulator(tmp_path, capsys):
+    from scaledl_lab.cli import main
+
+    code = main(
+        [
+            "run",
+            "--runtime",
+            "sim",
+            "--workers",
+            "16",
+            "--model",
+            "mlp",
+            "--batch-size",
+            "16",
+            "--train-subset",
+            "4096",
+            "--test-subset",
+            "200",
+            "--max-steps",
+            "3",
+            "--network",
+            "10gbe",
+            "--stragglers",
+            "slow:0:2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    frame = pd.read_csv(tmp_path / "metrics.csv")
+    assert frame["rank"].nunique() == 16 and set(frame["runtime"]) == {"sim"}

@@ -8,23 +8,25 @@ port of rank 0's host. A Dask task per step would cap a run below ~90 steps/s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
-from distributed import Client, Queue
+from distributed import Client, Queue, get_worker
 
 from ..config import ConfigError, ExperimentConfig
 from ..data import DataSplits, load_dataset
 from .base import Comm, Pending, RunError, WorkerLostError, ring_allreduce_bytes
+from .memory import keep_freed_memory
 
 POLL_S = 0.25
 LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
@@ -146,6 +148,31 @@ class _QueueSink:
         self.last = time.monotonic()
 
 
+@contextlib.contextmanager
+def _profiler_paused() -> Iterator[None]:
+    """Pause Dask's statistical profiler on this worker while the rank trains.
+
+    It samples the running thread every 10 ms, which slows a training step measurably and
+    profiles nothing useful for one long task. Embedded clusters start with it disabled
+    (cluster.WORKER_CONFIG); this covers clusters we attach to.
+    """
+    try:
+        worker = get_worker()
+    except ValueError:
+        yield
+        return
+    names = ("profile", "profile-cycle")
+    paused = [worker.periodic_callbacks[n] for n in names if n in worker.periodic_callbacks]
+    paused = [pc for pc in paused if pc.is_running()]
+    for pc in paused:
+        worker.loop.add_callback(pc.stop)
+    try:
+        yield
+    finally:
+        for pc in paused:
+            worker.loop.add_callback(pc.start)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -166,6 +193,7 @@ def _run_rank(
     from ..worker import WorkerContext
 
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
+    keep_freed_memory()
     device = pick_device(cfg.device, rank)
     data = load_for(cfg)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -177,21 +205,16 @@ def _run_rank(
         timeout=timedelta(seconds=cfg.timeout_s),
     )
     try:
-        dist.barrier()
-        sink = _QueueSink(queue_name)
-        ctx = WorkerContext(
-            cfg,
-            TorchComm(rank, world_size, time.perf_counter()),
-            data,
-            device,
-            sink.emit,
-            run_label,
-        )
-        try:
-            asyncio.run((program or get_program(cfg.strategy))(ctx))
-        finally:
-            sink.flush()
-        return ctx.result
+        with _profiler_paused():
+            dist.barrier()
+            sink = _QueueSink(queue_name)
+            comm = TorchComm(rank, world_size, time.perf_counter())
+            ctx = WorkerContext(cfg, comm, data, device, sink.emit, run_label)
+            try:
+                asyncio.run((program or get_program(cfg.strategy))(ctx))
+            finally:
+                sink.flush()
+            return ctx.result
     finally:
         dist.destroy_process_group()
 

@@ -20,6 +20,7 @@ import torch
 
 from ..cost import CostModel
 from .base import Comm, Pending, RunError
+from .memory import keep_freed_memory
 
 
 @dataclass
@@ -170,8 +171,10 @@ class SimWorld:
                 coro.close()
         if not all(done):
             blocked = [r for r in range(self.world_size) if not done[r]]
-            raise RunError(f"simulated deadlock: ranks {blocked} wait for messages or "
-                           "collectives that no other rank will ever send")
+            raise RunError(
+                f"simulated deadlock: ranks {blocked} wait for messages or "
+                "collectives that no other rank will ever send"
+            )
 
     def _handle(self, req: _Request) -> None:
         if isinstance(req, _Sleep):
@@ -200,14 +203,17 @@ class SimWorld:
         if len(kinds) != 1:
             raise RunError(f"collective mismatch: the ranks called {sorted(map(str, kinds))}")
         start = max(self.comms[c.rank].clock for c in calls)
-        nbytes = 0 if calls[0].tensor is None else calls[0].tensor.numel() * \
-            calls[0].tensor.element_size()
+        nbytes = (
+            0
+            if calls[0].tensor is None
+            else calls[0].tensor.numel() * calls[0].tensor.element_size()
+        )
         if req.kind == "allreduce":
             # Sum in rank order: deterministic, and for two ranks bit-equal to gloo's a + b.
-            total = calls[0].tensor.clone()
+            total = calls[0].tensor
             for c in calls[1:]:
                 total += c.tensor
-            for c in calls:
+            for c in calls[1:]:
                 c.tensor.copy_(total)
             duration = self.cost.allreduce_time(nbytes, self.world_size)
         elif req.kind == "broadcast":
@@ -231,8 +237,9 @@ class SimWorld:
         # The sender is busy while the bytes leave; they arrive one latency later.
         injected = comm.clock + nbytes / self.cost.network.bandwidth_Bps
         self._advance(req.rank, injected, "comm")
-        self._mail[(req.rank, req.dst)].append((injected + self.cost.network.latency_s,
-                                                req.tensor.detach().clone()))
+        self._mail[(req.rank, req.dst)].append(
+            (injected + self.cost.network.latency_s, req.tensor.detach().clone())
+        )
         self._resume(req.rank, injected)
         waiting = self._waiting_recv.get(req.dst)
         if waiting is not None and waiting.src == req.rank:
@@ -265,9 +272,12 @@ def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
     )
 
 
-def run_sim(cfg: Any, run_label: str, on_rows: Callable[[list[dict[str, Any]]], None],
-            program: Callable[[Any], Any] | None = None) -> tuple[list[dict[str, Any]],
-                                                                   list[Event]]:
+def run_sim(
+    cfg: Any,
+    run_label: str,
+    on_rows: Callable[[list[dict[str, Any]]], None],
+    program: Callable[[Any], Any] | None = None,
+) -> tuple[list[dict[str, Any]], list[Event]]:
     """Run ``cfg`` with ``cfg.workers`` virtual workers; stream rows to ``on_rows``.
 
     Returns each rank's result dict and the timeline events. One thread, as each real worker
@@ -279,8 +289,10 @@ def run_sim(cfg: Any, run_label: str, on_rows: Callable[[list[dict[str, Any]]], 
     from .dask import load_for
 
     data = load_for(cfg)
-    world = SimWorld(cfg.workers, build_cost_model(
-        cfg, model_flops(cfg.model, data.input_shape, data.num_classes)))
+    world = SimWorld(
+        cfg.workers,
+        build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes)),
+    )
     buffer: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:
@@ -289,11 +301,13 @@ def run_sim(cfg: Any, run_label: str, on_rows: Callable[[list[dict[str, Any]]], 
             on_rows(buffer[:])
             buffer.clear()
 
-    contexts = [WorkerContext(cfg, comm, data, torch.device("cpu"), emit, run_label)
-                for comm in world.comms]
+    contexts = [
+        WorkerContext(cfg, comm, data, torch.device("cpu"), emit, run_label) for comm in world.comms
+    ]
     chosen = program or get_program(cfg.strategy)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    keep_freed_memory()
     try:
         world.run([lambda comm, ctx=ctx: chosen(ctx) for ctx in contexts])
     finally:

@@ -23,16 +23,15 @@ def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
 
 
 def _scatter_back(flat: torch.Tensor, params: list[nn.Parameter], world_size: int) -> None:
-    """Average ``flat`` over the workers and write its slices back into each ``.grad``."""
-    flat.div_(world_size)
+    """Write ``flat`` / world_size (the average over the workers) back into each ``.grad``."""
     offset = 0
     for p in params:
         n = p.numel()
-        grad = flat[offset : offset + n].view_as(p)
+        summed = flat[offset : offset + n].view_as(p)
         if p.grad is None:
-            p.grad = grad.clone()
+            p.grad = summed / world_size
         else:
-            p.grad.copy_(grad)
+            torch.div(summed, world_size, out=p.grad)
         offset += n
 
 
