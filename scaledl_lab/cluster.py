@@ -26,7 +26,7 @@ def _local_cluster(workers: int, dashboard: bool) -> LocalCluster:
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
-        dashboard_address="127.0.0.1:0" if dashboard else None,
+        dashboard_address="127.0.0.1:0",  # a free port; `dashboard` only decides if we print it
         silence_logs=logging.ERROR,
         # Each worker runs one long task that uses one core; no memory-based pausing/killing
         # of a worker in the middle of a collective.

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from .config import ExperimentConfig
 from .experiment import compare
@@ -135,7 +136,6 @@ def plot_timeline(
                 for s, e in zip(rows["start"], rows["end"], strict=False)
             ]
             ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=colour)
-        ax.barh([], [], color=colour, label=kind)  # legend entry
     ax.set(
         xlim=(start, end),
         yticks=ranks,
@@ -144,5 +144,6 @@ def plot_timeline(
         title=title or "per-worker timeline",
     )
     ax.invert_yaxis()
-    ax.legend(loc="upper right", ncols=3)
+    handles = [Patch(facecolor=c, label=k) for k, c in KIND_COLOURS.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=3)
     return fig
