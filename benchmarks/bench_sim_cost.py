@@ -4,7 +4,10 @@ The simulator computes every worker's gradient for real; its own overhead (N mod
 optimiser steps, summing N gradients per allreduce, the event scheduler, metrics) should stay
 small next to that work. Both sides use one thread and the same mini-batches.
 
-    python benchmarks/bench_sim_cost.py [--workers 16 64] [--steps 5] [--model cnn]
+    python benchmarks/bench_sim_cost.py [--workers 16 64] [--steps 10] [--models cnn mlp]
+
+The two sides alternate and the median of the per-pair ratios is reported: this machine's
+speed drifts by ±20% over minutes.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def simulated(cfg: ExperimentConfig) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=["cnn", "mlp"])
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
