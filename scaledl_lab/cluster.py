@@ -27,7 +27,7 @@ def _local_cluster(workers: int, dashboard: bool) -> LocalCluster:
         processes=True,
         host="127.0.0.1",
         dashboard_address="127.0.0.1:0",  # a free port; `dashboard` only decides if we print it
-        silence_logs=logging.ERROR,
+        silence_logs=logging.WARNING,  # a dying worker says why (e.g. killed by signal 9)
         # Each worker runs one long task that uses one core; no memory-based pausing/killing
         # of a worker in the middle of a collective.
         memory_limit=0,

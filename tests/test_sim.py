@@ -260,3 +260,18 @@ def test_cli_runs_the_simulator(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     frame = pd.read_csv(tmp_path / "metrics.csv")
     assert frame["rank"].nunique() == 16 and set(frame["runtime"]) == {"sim"}
+
+
+def test_divergence_on_the_simulator_stops_with_reason(tmp_path):
+    from scaledl_lab import DivergenceError
+
+    cfg = ExperimentConfig(
+        strategy="allreduce", runtime="sim", workers=8, model="mlp", **{**SMALL, "lr": 1e6}
+    )
+    with pytest.raises(
+        DivergenceError,
+        match=r"training diverged: loss=(nan|inf) at epoch 0.*"
+        r"metrics so far are in",
+    ):
+        run(cfg, progress=False, out=tmp_path)
+    assert (tmp_path / "metrics.csv").read_text().count("\n") > 8
