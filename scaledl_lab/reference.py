@@ -31,16 +31,12 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     """Plain single-process training on the combined batches; returns the final state_dict."""
     torch.set_num_threads(1)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    model = model.to(cfg.dtype)
+    model = model.to(cfg.dtype)  # the workers copy the same seeded initial weights
     optimizer = make_optimizer(cfg, model.parameters())
-    step = 0
-    for epoch in range(cfg.epochs):
-        for idx in combined_batches(cfg, data, epoch):
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
-            loss.backward()
-            optimizer.step()
-            step += 1
-            if cfg.max_steps is not None and step >= cfg.max_steps:
-                return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    batches = [idx for epoch in range(cfg.epochs) for idx in combined_batches(cfg, data, epoch)]
+    for idx in batches[: cfg.max_steps]:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
+        loss.backward()
+        optimizer.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -275,3 +275,26 @@ def test_divergence_on_the_simulator_stops_with_reason(tmp_path):
     ):
         run(cfg, progress=False, out=tmp_path)
     assert (tmp_path / "metrics.csv").read_text().count("\n") > 8
+
+
+def test_label_skewed_shards_train_end_to_end():
+    cfg = ExperimentConfig(
+        strategy="allreduce",
+        runtime="sim",
+        workers=4,
+        model="mlp",
+        sharding="label-skew",
+        **{**SMALL, "max_steps": 6},
+    )
+    res = run(cfg, progress=False)
+    train = res.frame.query("kind == 'train'")
+    assert (train.groupby("rank").size() == 6).all()
+    from scaledl_lab.data import shard_indices
+    from scaledl_lab.runtime.dask import load_for
+
+    labels = load_for(cfg).train.y
+    classes = [
+        labels[shard_indices(labels, 4, r, scheme="label-skew")].unique().numel() for r in range(4)
+    ]
+    # 2 label-sorted chunks per worker, each spanning 1-3 of the 10 classes (IID shards see all).
+    assert max(classes) <= 6
