@@ -5,6 +5,9 @@ to the OS. A training step frees and reallocates the same activation and gradien
 every step; with that setting (and glibc's mmap threshold) each step maps them afresh. Measured
 here on the small CNN at batch 64: 3x the page faults and ~50% longer steps inside a Dask
 worker than in a plain process. Raising both thresholds for the worker's lifetime fixes it.
+Buffers above glibc's largest mmap threshold (32 MiB: the CNN at batch 256, ResNet-18 at
+batch 128) would still be mapped and unmapped every step, so mmap is turned off altogether:
+~18% faster steps and 5-10x fewer page faults for the CNN at batch 256.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 TRIM_BYTES = 1 << 30
 MMAP_BYTES = 32 << 20  # glibc's largest allowed mmap threshold on 64-bit
 
@@ -28,6 +32,5 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and friends have no mallopt
         return False
-    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)) and bool(
-        mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)
-    )
+    settings = ((M_TRIM_THRESHOLD, TRIM_BYTES), (M_MMAP_THRESHOLD, MMAP_BYTES), (M_MMAP_MAX, 0))
+    return all(bool(mallopt(option, value)) for option, value in settings)
