@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.data import epoch_batches, shard_indices
 from scaledl_lab.models import build_model
-from scaledl_lab.runtime.dask import load_for
 from scaledl_lab.runtime.memory import keep_freed_memory
 from scaledl_lab.runtime.sim import run_sim
+from scaledl_lab.worker import load_for
 
 
 def plain_gradients(cfg: ExperimentConfig) -> float:

@@ -18,8 +18,9 @@ import pandas as pd
 
 from .config import ConfigError, ExperimentConfig, check_resources
 from .runtime.base import RunError
-from .runtime.dask import load_for, run_dask
+from .runtime.dask import run_dask
 from .runtime.sim import Event, run_sim
+from .worker import load_for
 
 METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",

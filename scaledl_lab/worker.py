@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -13,12 +14,46 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ExperimentConfig
-from .data import Dataset, DataSplits, epoch_batches, shard_indices, steps_per_epoch
+from .data import (
+    Dataset,
+    DataSplits,
+    epoch_batches,
+    load_dataset,
+    shard_indices,
+    steps_per_epoch,
+)
 from .models import build_model
 from .runtime.base import Comm, DivergenceError, Row
 
 _TEMPLATES: dict[tuple[Any, ...], nn.Module] = {}
 EVAL_BATCH = 250  # small enough that activations stay in cache
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_dataset(
+    name: str,
+    data_dir: str | None,
+    val_size: int,
+    train_subset: int | None,
+    test_subset: int | None,
+    seed: int,
+) -> DataSplits:
+    # Kept per worker process so that a sweep loads each dataset once per worker.
+    return load_dataset(
+        name,
+        data_dir=data_dir,
+        val_size=val_size,
+        train_subset=train_subset,
+        test_subset=test_subset,
+        seed=seed,
+    )
+
+
+def load_for(cfg: ExperimentConfig) -> DataSplits:
+    """The data a config names (cached: every worker, the driver and the simulator use it)."""
+    return _cached_dataset(
+        cfg.dataset, cfg.data_dir, cfg.val_size, cfg.train_subset, cfg.test_subset, cfg.seed
+    )
 
 
 def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
@@ -152,7 +187,7 @@ class WorkerContext:
             sent_before = self.comm.bytes_sent
             await self.comm.allreduce(totals)
             loss_sum, correct, count = totals.tolist()
-            if self.is_root_logger:
+            if self.comm.is_root:
                 self.log(
                     Row(
                         kind=kind,
@@ -165,7 +200,3 @@ class WorkerContext:
                         bytes_sent=self.comm.bytes_sent - sent_before,
                     )
                 )
-
-    @property
-    def is_root_logger(self) -> bool:
-        return self.rank == 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import socket
 import time
 import traceback
@@ -24,7 +23,6 @@ import torch.distributed as dist
 from distributed import Client, Queue, get_worker
 
 from ..config import ConfigError, ExperimentConfig
-from ..data import DataSplits, load_dataset
 from .base import Comm, Pending, RunError, WorkerLostError, ring_allreduce_bytes
 from .memory import keep_freed_memory
 
@@ -102,32 +100,6 @@ def pick_device(choice: str, rank: int) -> torch.device:
     return torch.device("cuda", rank % torch.cuda.device_count())
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_dataset(
-    name: str,
-    data_dir: str | None,
-    val_size: int,
-    train_subset: int | None,
-    test_subset: int | None,
-    seed: int,
-) -> DataSplits:
-    # Kept per worker process so that a sweep loads each dataset once per worker.
-    return load_dataset(
-        name,
-        data_dir=data_dir,
-        val_size=val_size,
-        train_subset=train_subset,
-        test_subset=test_subset,
-        seed=seed,
-    )
-
-
-def load_for(cfg: ExperimentConfig) -> DataSplits:
-    return _cached_dataset(
-        cfg.dataset, cfg.data_dir, cfg.val_size, cfg.train_subset, cfg.test_subset, cfg.seed
-    )
-
-
 class _QueueSink:
     """Batches metric rows and ships them to the driver through a Dask Queue twice a second."""
 
@@ -190,7 +162,7 @@ def _run_rank(
 ) -> dict[str, Any]:
     """The one long-running task of a rank: rendezvous, run the program, always leave the group."""
     from ..strategies import get_program
-    from ..worker import WorkerContext
+    from ..worker import WorkerContext, load_for
 
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     keep_freed_memory()

@@ -285,8 +285,7 @@ def run_sim(
     """
     from ..models import model_flops
     from ..strategies import get_program
-    from ..worker import WorkerContext
-    from .dask import load_for
+    from ..worker import WorkerContext, load_for
 
     data = load_for(cfg)
     world = SimWorld(
