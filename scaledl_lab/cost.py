@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .runtime.base import ring_allreduce_bytes
+
 
 class CostModelError(ValueError):
     """An unknown profile or an impossible cost parameter."""
@@ -99,12 +101,9 @@ def allreduce_time(
 
 def allreduce_bytes(nbytes: int, world_size: int, algorithm: str = "ring") -> int:
     """Bytes one worker sends in that allreduce."""
-    p = world_size
-    if p <= 1:
-        return 0
-    if algorithm == "ring":
-        return int(math.ceil(2 * (p - 1) * nbytes / p))
-    return math.ceil(math.log2(p)) * nbytes
+    if algorithm == "ring" or world_size <= 1:
+        return ring_allreduce_bytes(nbytes, world_size)
+    return math.ceil(math.log2(world_size)) * nbytes
 
 
 @dataclass(frozen=True)
