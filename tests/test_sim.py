@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from common import SMALL
 
 from scaledl_lab import ConfigError, ExperimentConfig, RunError, run
 from scaledl_lab.cost import (
@@ -16,18 +17,6 @@ from scaledl_lab.cost import (
     Stragglers,
 )
 from scaledl_lab.runtime.sim import SimWorld
-
-SMALL = dict(
-    dataset="fashion-mnist",
-    train_subset=2400,
-    test_subset=400,
-    val_size=400,
-    batch_size=32,
-    epochs=1,
-    max_steps=20,
-    lr=0.05,
-    momentum=0.9,
-)
 
 
 def _cost(latency=1e-4, bandwidth=1e9, per_sample=1e-4, stragglers=None, algorithm="ring"):

@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from common import SMALL, max_diff
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.runtime.base import ring_allreduce_bytes
 from scaledl_lab.worker import load_for
-
-SMALL = dict(
-    dataset="fashion-mnist",
-    train_subset=2400,
-    test_subset=400,
-    val_size=400,
-    batch_size=32,
-    epochs=1,
-    max_steps=20,
-    lr=0.05,
-    momentum=0.9,
-)
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
