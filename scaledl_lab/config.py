@@ -34,7 +34,35 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "gpipe",
     "1f1b",
 )
-IMPLEMENTED_STRATEGIES: tuple[str, ...] = ("allreduce", "allreduce-naive")
+IMPLEMENTED_STRATEGIES: tuple[str, ...] = (
+    "allreduce",
+    "allreduce-naive",
+    "ps-sync",
+    "ps-async",
+    "downpour",
+    "hogwild",
+    "staleness-aware",
+    "dc-asgd",
+    "backup-workers",
+    "nnt",
+    "nnt-lockstep",
+    "nnt-staged",
+    "dpsgd",
+    "adpsgd",
+    "local-sgd",
+    "easgd",
+)
+# Strategies whose workers talk along a topology (``topology``, default "ring").
+TOPOLOGY_STRATEGIES: tuple[str, ...] = ("nnt", "nnt-lockstep", "nnt-staged", "dpsgd", "adpsgd")
+# Strategies with hosted parameter servers (``servers`` shards).
+SERVER_STRATEGIES: tuple[str, ...] = (
+    "ps-sync",
+    "ps-async",
+    "downpour",
+    "staleness-aware",
+    "dc-asgd",
+    "backup-workers",
+)
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
 IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
@@ -100,6 +128,15 @@ class ExperimentConfig:
     network: str = "loopback"
     allreduce_algorithm: str = "ring"
     stragglers: str | None = None
+    # Strategy options (each is used only by the strategies named in its comment).
+    servers: int = 1  # parameter-server shards (ps-*, downpour, staleness-aware, dc-asgd, backup)
+    backup_workers: int = 1  # backup-workers: the step uses the first workers - b gradients
+    n_fetch: int = 1  # downpour: pull the parameters every n_fetch steps
+    n_push: int = 1  # downpour: push the accumulated gradient every n_push steps
+    dc_lambda: float = 0.04  # dc-asgd: weight of the delay-compensation term
+    sync_period: int = 4  # local-sgd and easgd: local steps between two averagings
+    elastic_alpha: float | None = None  # easgd: moving rate (default 0.9 / workers)
+    stage_epochs: int = 1  # nnt-staged: restart everyone from the best worker every k epochs
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +152,11 @@ class ExperimentConfig:
     @property
     def dtype(self) -> torch.dtype:
         return torch.float64 if self.precision == "float64" else torch.float32
+
+    @property
+    def resolved_topology(self) -> str:
+        """The topology a decentralised strategy uses (a ring unless one is given)."""
+        return self.topology or "ring"
 
     @property
     def label(self) -> str:
@@ -203,11 +245,35 @@ def validate(cfg: ExperimentConfig) -> None:
             f"choose a multiple of {cfg.workers} or set batch_size (per worker) instead"
         )
     _validate_cost_model(cfg)
+    _validate_strategy_options(cfg)
+
+
+def _validate_strategy_options(cfg: ExperimentConfig) -> None:
     if cfg.topology is not None:
+        if cfg.strategy not in TOPOLOGY_STRATEGIES:
+            raise ConfigError(
+                f"topology={cfg.topology!r} does not apply to strategy={cfg.strategy!r}: "
+                f"only the decentralised strategies take a topology "
+                f"({_choices(TOPOLOGY_STRATEGIES)})"
+            )
+        from .topology import parse
+
+        parse(cfg.topology, cfg.workers)
+    for name in ("servers", "n_fetch", "n_push", "sync_period", "stage_epochs"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{name}={value!r} must be a positive integer")
+    if not isinstance(cfg.backup_workers, int) or cfg.backup_workers < 0:
+        raise ConfigError(f"backup_workers={cfg.backup_workers!r} must be a non-negative integer")
+    if cfg.strategy == "backup-workers" and cfg.backup_workers >= cfg.workers:
         raise ConfigError(
-            f"topology={cfg.topology!r} does not apply to strategy={cfg.strategy!r}: "
-            "only the decentralised strategies take a topology"
+            f"backup_workers={cfg.backup_workers} must be below workers={cfg.workers}: each "
+            "step needs the gradient of at least one worker"
         )
+    if not isinstance(cfg.dc_lambda, (int, float)) or cfg.dc_lambda < 0:
+        raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
+    if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
+        raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
 
 
 def _validate_cost_model(cfg: ExperimentConfig) -> None:

@@ -24,7 +24,7 @@ from .worker import load_for
 
 METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
-    "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr",
+    "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
 )  # fmt: skip
 
 RowsCallback = Callable[[list[dict[str, Any]]], None]

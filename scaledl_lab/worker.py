@@ -172,6 +172,44 @@ class WorkerContext:
         model.train(was_training)
         return totals
 
+    async def evaluate_local(
+        self,
+        model: nn.Module,
+        *,
+        epoch: float,
+        step: int,
+        kinds: tuple[str, ...] = ("val", "test"),
+        log: bool = True,
+    ) -> dict[str, float]:
+        """Evaluate this worker's own model on whole splits, alone (no communication).
+
+        Used where workers hold different models (asynchronous and decentralised methods).
+        Returns ``{kind: accuracy}`` and, with ``log``, records one row per split.
+        """
+        scores: dict[str, float] = {}
+        for kind in kinds:
+            split = self.data.val if kind == "val" else self.data.test
+            if len(split) == 0:
+                continue
+            async with self.comm.compute(len(split) // 3):  # a forward pass ~1/3 of a step
+                loss_sum, correct, count = self._local_eval(
+                    model, split, torch.arange(len(split))
+                ).tolist()
+            scores[kind] = correct / count
+            if log:
+                self.log(
+                    Row(
+                        kind=kind,
+                        epoch=epoch,
+                        step=step,
+                        time=self.comm.now(),
+                        loss=loss_sum / count,
+                        accuracy=correct / count,
+                        samples=int(count),
+                    )
+                )
+        return scores
+
     async def evaluate_shared(self, model: nn.Module, *, epoch: float, step: int) -> None:
         """Evaluate a model that is identical on every worker, splitting val and test by rank.
 
@@ -200,3 +238,33 @@ class WorkerContext:
                         bytes_sent=self.comm.bytes_sent - sent_before,
                     )
                 )
+
+
+def server_rows(
+    cfg: ExperimentConfig, run_label: str, stats: list[dict[str, Any]], time: float
+) -> list[dict[str, Any]]:
+    """One ``kind="server"`` row per hosted server (rank = workers + index): calls served in
+    ``step``, bytes it sent in ``bytes_sent`` and bytes it received in ``bytes_received``."""
+    rows = []
+    for s in stats:
+        row = Row(
+            kind="server",
+            epoch=float(cfg.epochs),
+            step=int(s["calls"]),
+            time=time,
+            loss=float("nan"),
+            accuracy=float("nan"),
+            samples=0,
+            bytes_sent=int(s["bytes_out"]),
+        )
+        record = {
+            "run": run_label,
+            "strategy": cfg.strategy,
+            "runtime": cfg.runtime,
+            "world_size": cfg.workers,
+            "rank": cfg.workers + int(s["server"]),
+            "bytes_received": int(s["bytes_in"]),
+        }
+        record.update(asdict(row))
+        rows.append(record)
+    return rows

@@ -15,6 +15,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -23,7 +24,19 @@ import torch.distributed as dist
 from distributed import Client, Queue, get_worker
 
 from ..config import ConfigError, ExperimentConfig
-from .base import Comm, Pending, RunError, WorkerLostError, ring_allreduce_bytes
+from .base import (
+    NOT_READY,
+    Comm,
+    Incoming,
+    Pending,
+    RunError,
+    ServerLostError,
+    ServerSpec,
+    WorkerLostError,
+    clone_tensors,
+    ring_allreduce_bytes,
+    tensor_bytes,
+)
 from .memory import keep_freed_memory
 
 POLL_S = 0.25
@@ -50,12 +63,57 @@ class _Work(Pending):
         return self.tensor
 
 
-class TorchComm(Comm):
-    """:class:`Comm` over an initialised torch.distributed process group, wall-clock time."""
+class _Posted(Incoming):
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self.work, self.tensor = work, tensor
 
-    def __init__(self, rank: int, world_size: int, t0: float) -> None:
+    def ready(self) -> bool:
+        return self.work.is_completed()
+
+    async def wait(self) -> torch.Tensor:
+        self.work.wait()
+        return self.tensor
+
+
+class _ActorCall(Pending):
+    def __init__(self, comm: TorchComm, server: int, future: Any) -> None:
+        self.comm, self.server, self.future = comm, server, future
+
+    async def wait(self) -> Any:
+        try:
+            return self.future.result(timeout=self.comm.timeout_s)
+        except Exception as exc:  # a dead host: OSError, CommClosedError or the timeout
+            address = self.comm.server_addresses[self.server]
+            raise ServerLostError(
+                f"server {self.server} on worker {address} did not answer within "
+                f"{self.comm.timeout_s:g} s ({type(exc).__name__}: {exc}); the run cannot "
+                "go on without it"
+            ) from None
+
+
+class TorchComm(Comm):
+    """:class:`Comm` over an initialised torch.distributed process group, wall-clock time.
+
+    Hosted servers are Dask actors; memory shared between workers is a file in /dev/shm.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        t0: float,
+        *,
+        run_id: str = "",
+        servers: list[Any] | None = None,
+        server_addresses: list[str] | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
         super().__init__(rank, world_size)
         self.t0 = t0
+        self.run_id = run_id
+        self.servers = servers or []
+        self.server_addresses = server_addresses or []
+        self.timeout_s = timeout_s
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -75,6 +133,13 @@ class TorchComm(Comm):
             dist.broadcast(tensor, src)
         return tensor
 
+    def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        return _Work(dist.isend(tensor, dst), tensor)
+
+    def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
+        return _Posted(dist.irecv(tensor, src), tensor)
+
     async def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.bytes_sent += tensor.numel() * tensor.element_size()
         dist.send(tensor, dst)
@@ -83,12 +148,70 @@ class TorchComm(Comm):
         dist.recv(tensor, src)
         return tensor
 
+    @property
+    def num_servers(self) -> int:
+        return len(self.servers)
+
+    def call_start(self, server: int, method: str, *args: Any) -> Pending:
+        if not 0 <= server < len(self.servers):
+            return super().call_start(server, method, *args)
+        self.bytes_sent += tensor_bytes(args)
+        return _ActorCall(self, server, self.servers[server].call(method, args))
+
+    async def shared_tensor(self, name: str, init: torch.Tensor) -> torch.Tensor:
+        hosts = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        if len(set(hosts)) > 1:
+            raise RunError(
+                f"shared memory needs every worker on one machine, but the workers run on "
+                f"{sorted(set(hosts))}; run this strategy on a single-node cluster"
+            )
+        path = Path("/dev/shm") / f"scaledl-{self.run_id}-{name}"
+        if self.is_root:
+            init.detach().cpu().contiguous().numpy().tofile(path)
+        dist.barrier()
+        shared = torch.from_file(str(path), shared=True, size=init.numel(), dtype=init.dtype)
+        dist.barrier()  # everyone has mapped it: the name can go, the memory stays
+        if self.is_root:
+            path.unlink(missing_ok=True)
+        return shared.view_as(init)
+
     async def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
 
 
 # -- worker side ---------------------------------------------------------------------------
+
+
+class ServerHost:
+    """A Dask actor hosting one plain server object of a strategy.
+
+    Its methods are coroutines, so they run on the worker's event loop one at a time: the
+    server needs no locks. A call the server answers with NOT_READY waits for the next call
+    that changes the server's state, then is tried again.
+    """
+
+    def __init__(self, spec: ServerSpec, cfg: ExperimentConfig, index: int) -> None:
+        self.obj = spec.create(cfg, index)
+        self.calls = self.bytes_in = self.bytes_out = 0
+        self._changed: asyncio.Condition | None = None
+
+    async def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        self.bytes_in += tensor_bytes(args)
+        async with self._changed:
+            while (value := getattr(self.obj, method)(*args)) is NOT_READY:
+                await self._changed.wait()
+            self._changed.notify_all()
+        self.calls += 1
+        self.bytes_out += tensor_bytes(value)
+        # The reply is serialised later, after other calls may have changed the server.
+        return clone_tensors(value)
+
+    def stats(self) -> dict[str, int]:
+        return {"calls": self.calls, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
 
 
 def pick_device(choice: str, rank: int) -> torch.device:
@@ -152,16 +275,17 @@ def _free_port() -> int:
 
 
 def _run_rank(
-    program: Callable[[Any], Any] | None,
+    program: Callable[[Any], Any],
     cfg: ExperimentConfig,
     rank: int,
     world_size: int,
     init_method: str,
     queue_name: str,
     run_label: str,
+    servers: list[Any] | None = None,
+    server_addresses: list[str] | None = None,
 ) -> dict[str, Any]:
     """The one long-running task of a rank: rendezvous, run the program, always leave the group."""
-    from ..strategies import get_program
     from ..worker import WorkerContext, load_for
 
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
@@ -180,10 +304,18 @@ def _run_rank(
         with _profiler_paused():
             dist.barrier()
             sink = _QueueSink(queue_name)
-            comm = TorchComm(rank, world_size, time.perf_counter())
+            comm = TorchComm(
+                rank,
+                world_size,
+                time.perf_counter(),
+                run_id=queue_name,
+                servers=servers,
+                server_addresses=server_addresses,
+                timeout_s=cfg.timeout_s,
+            )
             ctx = WorkerContext(cfg, comm, data, device, sink.emit, run_label)
             try:
-                asyncio.run((program or get_program(cfg.strategy))(ctx))
+                asyncio.run(program(ctx))
             finally:
                 sink.flush()
             return ctx.result
@@ -200,6 +332,12 @@ def worker_addresses(client: Client) -> list[str]:
     return sorted(info, key=lambda a: (str(info[a].get("name", "")), a))
 
 
+def _place_servers(addresses: list[str], ranks: list[str], count: int) -> list[str]:
+    """Servers go on workers that run no rank when the cluster has them, else beside ranks."""
+    spare = [a for a in addresses if a not in ranks] or ranks
+    return [spare[i % len(spare)] for i in range(count)]
+
+
 def run_dask(
     client: Client,
     cfg: ExperimentConfig,
@@ -209,11 +347,21 @@ def run_dask(
 ) -> list[dict[str, Any]]:
     """Run ``cfg`` on the first ``cfg.workers`` workers; stream rows to ``on_rows``.
 
-    ``program`` replaces the config's strategy (benchmarks run their own programs this way).
-    Returns each rank's result dict. Raises :class:`RunError` (with the failing rank's
-    message) when a rank fails, and :class:`WorkerLostError` when a worker process dies.
+    ``program`` replaces the config's strategy (a plain program, or a Strategy with its
+    servers; benchmarks run their own programs this way). Returns each rank's result dict
+    (empty for a rank whose worker died in a run that tolerates it). Raises :class:`RunError`
+    with the failing rank's message when a rank fails, and :class:`WorkerLostError` when a
+    worker dies in a run that cannot go on without it, or one hosting a server.
     """
-    addresses = worker_addresses(client)[: cfg.workers]
+    from ..strategies import Strategy, get_strategy
+    from ..worker import server_rows
+
+    strategy = program if isinstance(program, Strategy) else get_strategy(cfg.strategy)
+    chosen = program if program is not None and not isinstance(program, Strategy) else None
+    spec = strategy.servers if chosen is None else None
+    tolerant = strategy.tolerates_worker_loss and chosen is None
+    everyone = worker_addresses(client)
+    addresses = everyone[: cfg.workers]
     if len(addresses) < cfg.workers:
         raise ConfigError(
             f"workers={cfg.workers} but the cluster has only {len(addresses)} worker(s)"
@@ -222,16 +370,27 @@ def run_dask(
     port = client.submit(_free_port, workers=[addresses[0]], pure=False).result()
     queue_name = f"scaledl-{uuid.uuid4().hex}"
     queue = Queue(queue_name, client=client)
+    n_servers = spec.count(cfg) if spec else 0
+    server_hosts = _place_servers(everyone, addresses, n_servers)
+    server_futures = [
+        client.submit(
+            ServerHost, spec, cfg, i, actor=True, workers=[addr], allow_other_workers=False
+        )
+        for i, addr in enumerate(server_hosts)
+    ]
+    actors = [f.result() for f in server_futures]
     futures = [
         client.submit(
             _run_rank,
-            program,
+            chosen or strategy.program,
             cfg,
             rank,
             cfg.workers,
             f"tcp://{host}:{port}",
             queue_name,
             run_label,
+            actors,
+            server_hosts,
             key=f"{run_label}-rank{rank}-{uuid.uuid4().hex[:8]}",
             workers=[addr],
             allow_other_workers=False,
@@ -240,19 +399,21 @@ def run_dask(
         )
         for rank, addr in enumerate(addresses)
     ]
+    t0 = time.perf_counter()
 
     def drain() -> None:
         for batch in queue.get(batch=True):
             on_rows(batch)
 
     failed_at: float | None = None
-    checked, lost = time.monotonic(), []
+    checked = time.monotonic()
+    lost: dict[int, str] = {}
     try:
         while True:
             drain()
-            if all(f.done() for f in futures):
+            if all(f.done() for r, f in enumerate(futures) if r not in lost):
                 break
-            errors = [f for f in futures if f.status == "error"]
+            errors = [f for r, f in enumerate(futures) if f.status == "error" and r not in lost]
             if errors and failed_at is None:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
@@ -260,16 +421,28 @@ def run_dask(
             if time.monotonic() - checked > LIVENESS_S:
                 checked = time.monotonic()
                 alive = set(client.scheduler_info(n_workers=-1)["workers"])
-                lost = [(r, a) for r, a in enumerate(addresses) if a not in alive]
-            if lost:
-                rank, addr = lost[0]
-                raise WorkerLostError(
-                    f"worker {addr} (rank {rank}) died during run {run_label!r}; a synchronous "
-                    "run cannot continue without it, so the run was stopped"
-                )
+                for i, addr in enumerate(server_hosts):
+                    if addr not in alive:
+                        raise WorkerLostError(
+                            f"worker {addr}, host of server {i}, died during run {run_label!r}; "
+                            "the run cannot go on without the parameters it held, so it was "
+                            "stopped"
+                        )
+                for rank, addr in enumerate(addresses):
+                    if addr in alive or rank in lost:
+                        continue
+                    if not tolerant:
+                        raise WorkerLostError(
+                            f"worker {addr} (rank {rank}) died during run {run_label!r}; a "
+                            "synchronous run cannot continue without it, so the run was stopped"
+                        )
+                    lost[rank] = addr
+                    on_rows([_lost_row(cfg, run_label, rank, time.perf_counter() - t0)])
+                if len(lost) == len(addresses):
+                    raise WorkerLostError(f"every worker of run {run_label!r} died")
             time.sleep(POLL_S)
         drain()
-        errors = [(r, f) for r, f in enumerate(futures) if f.status == "error"]
+        errors = [(r, f) for r, f in enumerate(futures) if f.status == "error" and r not in lost]
         if errors:
             rank, fut = errors[0]
             exc = fut.exception()
@@ -277,13 +450,42 @@ def run_dask(
                 raise type(exc)(str(exc))
             tb = "".join(traceback.format_exception(exc)).strip().splitlines()[-1]
             raise RunError(f"rank {rank} of run {run_label!r} failed: {tb}")
-        return client.gather(futures)
+        results = [{} if r in lost else f.result() for r, f in enumerate(futures)]
+        if actors:
+            stats = [
+                dict(a.stats().result(timeout=cfg.timeout_s), server=i)
+                for i, a in enumerate(actors)
+            ]
+            on_rows(server_rows(cfg, run_label, stats, time.perf_counter() - t0))
+        return results
     finally:
         for f in futures:
             if not f.done():
                 f.cancel()
+        for f in server_futures:
+            f.release()
         try:
             drain()
         except Exception:  # the scheduler may be gone when the cluster is closing
             pass
         queue.close()
+
+
+def _lost_row(cfg: ExperimentConfig, run_label: str, rank: int, at: float) -> dict[str, Any]:
+    """The metrics-table record of a worker's death in a run that goes on without it."""
+    nan = float("nan")
+    return {
+        "run": run_label,
+        "strategy": cfg.strategy,
+        "runtime": cfg.runtime,
+        "world_size": cfg.workers,
+        "rank": rank,
+        "kind": "worker-lost",
+        "epoch": nan,
+        "step": -1,
+        "time": at,
+        "loss": nan,
+        "accuracy": nan,
+        "samples": 0,
+        "bytes_sent": 0,
+    }

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..cost import CostModel
-from .base import Comm, Pending, RunError
+from .base import NOT_READY, Comm, Incoming, Pending, RunError, clone_tensors, tensor_bytes
 from .memory import keep_freed_memory
 
 
@@ -51,15 +51,20 @@ class _Collective(_Request):
 
 
 @dataclass
-class _Send(_Request):
-    dst: int
-    tensor: torch.Tensor
+class _Until(_Request):
+    """Resume no earlier than ``until`` (the worker's own NIC finishing a send)."""
+
+    until: float
 
 
 @dataclass
-class _Recv(_Request):
-    src: int
-    tensor: torch.Tensor
+class _WaitRecv(_Request):
+    incoming: _SimIncoming
+
+
+@dataclass
+class _WaitCall(_Request):
+    pending: _SimCall
 
 
 class _Await:
@@ -81,6 +86,53 @@ class _SimPending(Pending):
         return self.tensor
 
 
+class _SimSent(Pending):
+    def __init__(self, comm: SimComm, until: float) -> None:
+        self.comm, self.until = comm, until
+
+    async def wait(self) -> None:
+        await _Await(_Until(self.comm.rank, self.until))
+
+
+class _SimIncoming(Incoming):
+    """A posted receive; the world assigns it a message (FIFO per sender) when one is sent."""
+
+    def __init__(self, comm: SimComm, tensor: torch.Tensor, src: int) -> None:
+        self.comm, self.tensor, self.src = comm, tensor, src
+        self.message: tuple[float, torch.Tensor] | None = None
+        self.copied = False
+
+    def _take(self) -> torch.Tensor:
+        if not self.copied:
+            assert self.message is not None
+            self.tensor.copy_(self.message[1])
+            self.copied = True
+        return self.tensor
+
+    def ready(self) -> bool:
+        if self.message is None or self.message[0] > self.comm.clock:
+            return False
+        self._take()
+        return True
+
+    async def wait(self) -> torch.Tensor:
+        await _Await(_WaitRecv(self.comm.rank, self))
+        return self._take()
+
+
+class _SimCall(Pending):
+    """A call to a hosted server; ``reply_at``/``value`` are set when the server answers."""
+
+    def __init__(self, comm: SimComm, server: int, method: str, args: tuple[Any, ...]) -> None:
+        self.comm, self.server, self.method, self.args = comm, server, method, args
+        self.reply_at: float | None = None
+        self.reply_bytes = 0
+        self.value: Any = None
+
+    async def wait(self) -> Any:
+        return await _Await(_WaitCall(self.comm.rank, self))
+
+
 class SimComm(Comm):
     """:class:`Comm` of one virtual worker; time is ``clock``, advanced by the cost model."""
 
@@ -89,6 +141,13 @@ class SimComm(Comm):
         self.world = world
         self.clock = 0.0
         self.steps = 0
+        self.nic_free = 0.0  # when this worker's outgoing link finishes what it was given
+
+    def _inject(self, nbytes: int) -> tuple[float, float]:
+        """Queue ``nbytes`` on this worker's link: (departure of the first, of the last byte)."""
+        departure = max(self.clock, self.nic_free)
+        self.nic_free = departure + nbytes / self.world.cost.network.bandwidth_Bps
+        return departure, self.nic_free
 
     def now(self) -> float:
         return self.clock
@@ -111,39 +170,90 @@ class SimComm(Comm):
         await _Await(_Collective(self.rank, "broadcast", tensor, src))
         return tensor
 
-    async def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self.bytes_sent += tensor.numel() * tensor.element_size()
-        await _Await(_Send(self.rank, dst, tensor))
+    def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += nbytes
+        _, done = self._inject(nbytes)
+        self.world._deliver(self.rank, dst, done + self.world.cost.network.latency_s, tensor)
+        return _SimSent(self, done)
 
-    async def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        await _Await(_Recv(self.rank, src, tensor))
-        return tensor
+    def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
+        incoming = _SimIncoming(self, tensor, src)
+        self.world._post(self.rank, incoming)
+        return incoming
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.world.servers)
+
+    def call_start(self, server: int, method: str, *args: Any) -> Pending:
+        if not 0 <= server < len(self.world.servers):
+            return super().call_start(server, method, *args)
+        nbytes = tensor_bytes(args)
+        self.bytes_sent += nbytes
+        departure, _ = self._inject(nbytes)
+        call = _SimCall(self, server, method, clone_tensors(args))
+        self.world._call(call, departure, nbytes)
+        return call
+
+    async def shared_tensor(self, name: str, init: torch.Tensor) -> torch.Tensor:
+        # Every virtual worker lives in this process: the first caller's copy is everyone's.
+        if name not in self.world.shared:
+            self.world.shared[name] = init.detach().clone()
+        return self.world.shared[name]
 
     async def barrier(self) -> None:
         await _Await(_Collective(self.rank, "barrier"))
 
 
 @dataclass
+class _ServerState:
+    """A hosted server object, its links and the calls it has parked (NOT_READY)."""
+
+    obj: Any
+    ingress_free: float = 0.0
+    egress_free: float = 0.0
+    parked: list[_SimCall] = field(default_factory=list)
+    calls: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+@dataclass
 class SimWorld:
-    """The discrete-event scheduler that hosts ``world_size`` virtual workers."""
+    """The discrete-event scheduler that hosts ``world_size`` virtual workers (and servers).
+
+    Everything that happens is an entry of one heap ordered by virtual time: a worker resuming,
+    or a call reaching a server. Server calls go through the server's own link, one message at
+    a time, so a server that many workers talk to becomes the bottleneck it is on a network.
+    """
 
     world_size: int
     cost: CostModel
+    server_objects: list[Any] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.comms = [SimComm(r, self) for r in range(self.world_size)]
-        self._ready: list[tuple[float, int, int, Any]] = []  # (time, rank, seq, value to send)
+        self.servers = [_ServerState(obj) for obj in self.server_objects]
+        self.shared: dict[str, torch.Tensor] = {}
+        # (time, order, seq, action, payload): order is the rank for resumes, -1 for deliveries.
+        self._heap: list[tuple[float, int, int, str, Any]] = []
         self._seq = 0
         self._collective: list[_Collective | None] = [None] * self.world_size
         self._mail: dict[tuple[int, int], deque[tuple[float, torch.Tensor]]] = defaultdict(deque)
-        self._waiting_recv: dict[int, _Recv] = {}
+        self._posted: dict[tuple[int, int], deque[_SimIncoming]] = defaultdict(deque)
+        self._waiting_recv: dict[int, _SimIncoming] = {}
+        self._waiting_call: dict[int, _SimCall] = {}
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def _resume(self, rank: int, at: float, value: Any = None) -> None:
-        heapq.heappush(self._ready, (at, rank, self._seq, value))
+    def _push(self, at: float, order: int, action: str, payload: Any) -> None:
+        heapq.heappush(self._heap, (at, order, self._seq, action, payload))
         self._seq += 1
+
+    def _resume(self, rank: int, at: float, value: Any = None) -> None:
+        self._push(at, rank, "resume", (rank, value))
 
     def _advance(self, rank: int, until: float, kind: str) -> None:
         comm = self.comms[rank]
@@ -158,8 +268,12 @@ class SimWorld:
         for rank in range(self.world_size):
             self._resume(rank, 0.0)
         try:
-            while self._ready:
-                at, rank, _, value = heapq.heappop(self._ready)
+            while self._heap:
+                at, _, _, action, payload = heapq.heappop(self._heap)
+                if action == "deliver":
+                    self._serve(payload, at)
+                    continue
+                rank, value = payload
                 try:
                     request = coros[rank].send(value)
                 except StopIteration:
@@ -172,22 +286,115 @@ class SimWorld:
         if not all(done):
             blocked = [r for r in range(self.world_size) if not done[r]]
             raise RunError(
-                f"simulated deadlock: ranks {blocked} wait for messages or "
-                "collectives that no other rank will ever send"
+                f"simulated deadlock: ranks {blocked} wait for messages, collectives or "
+                "server replies that will never come"
             )
 
     def _handle(self, req: _Request) -> None:
         if isinstance(req, _Sleep):
             self._advance(req.rank, req.until, "compute")
             self._resume(req.rank, req.until)
+        elif isinstance(req, _Until):
+            self._advance(req.rank, req.until, "comm")
+            self._resume(req.rank, self.comms[req.rank].clock)
         elif isinstance(req, _Collective):
             self._arrive(req)
-        elif isinstance(req, _Send):
-            self._send(req)
-        elif isinstance(req, _Recv):
-            self._recv(req)
+        elif isinstance(req, _WaitRecv):
+            if req.incoming.message is None:
+                self._waiting_recv[req.rank] = req.incoming
+            else:
+                self._wake_recv(req.incoming)
+        elif isinstance(req, _WaitCall):
+            if req.pending.reply_at is None:
+                self._waiting_call[req.rank] = req.pending
+            else:
+                self._wake_call(req.pending)
         else:  # pragma: no cover - a program awaited something that is not a Comm operation
             raise RunError(f"rank {req.rank} awaited {req!r}, which the simulator cannot run")
+
+    # -- point to point --------------------------------------------------------------------
+
+    def _deliver(self, src: int, dst: int, arrival: float, tensor: torch.Tensor) -> None:
+        """A message from ``src`` reaches ``dst`` at ``arrival``: match the oldest posted recv."""
+        if not 0 <= dst < self.world_size or dst == src:
+            raise RunError(f"rank {src} sent to rank {dst}, which is not a peer")
+        posted = self._posted[(src, dst)]
+        if not posted:
+            self._mail[(src, dst)].append((arrival, tensor.detach().clone()))
+            return
+        incoming = posted.popleft()
+        incoming.message = (arrival, tensor.detach().clone())
+        if self._waiting_recv.get(dst) is incoming:
+            del self._waiting_recv[dst]
+            self._wake_recv(incoming)
+
+    def _post(self, rank: int, incoming: _SimIncoming) -> None:
+        box = self._mail[(incoming.src, rank)]
+        if box and not self._posted[(incoming.src, rank)]:
+            incoming.message = box.popleft()
+        else:
+            self._posted[(incoming.src, rank)].append(incoming)
+
+    def _wake_recv(self, incoming: _SimIncoming) -> None:
+        assert incoming.message is not None
+        rank = incoming.comm.rank
+        self._advance(rank, incoming.message[0], "idle")
+        self._resume(rank, self.comms[rank].clock)
+
+    # -- hosted servers --------------------------------------------------------------------
+
+    def _call(self, call: _SimCall, departure: float, nbytes: int) -> None:
+        """The request leaves at ``departure``; it is served once its last byte has arrived."""
+        server = self.servers[call.server]
+        bandwidth, latency = self.cost.network.bandwidth_Bps, self.cost.network.latency_s
+        start = max(departure + latency, server.ingress_free)
+        server.ingress_free = start + nbytes / bandwidth
+        server.bytes_in += nbytes
+        self._push(server.ingress_free, -1, "deliver", call)
+
+    def _serve(self, call: _SimCall, now: float) -> None:
+        server = self.servers[call.server]
+        if not self._apply(server, call, now):
+            server.parked.append(call)
+            return
+        progressed = True
+        while progressed and server.parked:  # a state change may unblock parked calls
+            progressed = False
+            for parked in list(server.parked):
+                if self._apply(server, parked, now):
+                    server.parked.remove(parked)
+                    progressed = True
+
+    def _apply(self, server: _ServerState, call: _SimCall, now: float) -> bool:
+        value = getattr(server.obj, call.method)(*call.args)
+        if value is NOT_READY:
+            return False
+        server.calls += 1
+        call.value = clone_tensors(value)
+        call.reply_bytes = tensor_bytes(value)
+        server.bytes_out += call.reply_bytes
+        start = max(now, server.egress_free)
+        server.egress_free = start + call.reply_bytes / self.cost.network.bandwidth_Bps
+        call.reply_at = server.egress_free + self.cost.network.latency_s
+        rank = call.comm.rank
+        if self._waiting_call.get(rank) is call:
+            del self._waiting_call[rank]
+            self._wake_call(call)
+        return True
+
+    def _wake_call(self, call: _SimCall) -> None:
+        assert call.reply_at is not None
+        rank = call.comm.rank
+        transfer = call.reply_bytes / self.cost.network.bandwidth_Bps
+        self._advance(rank, call.reply_at - transfer - self.cost.network.latency_s, "idle")
+        self._advance(rank, call.reply_at, "comm")
+        self._resume(rank, self.comms[rank].clock, call.value)
+
+    def server_stats(self) -> list[dict[str, Any]]:
+        return [
+            {"server": i, "calls": s.calls, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out}
+            for i, s in enumerate(self.servers)
+        ]
 
     # -- collectives -----------------------------------------------------------------------
 
@@ -229,33 +436,6 @@ class SimWorld:
             self._advance(c.rank, start + duration, "comm")
             self._resume(c.rank, start + duration)
 
-    # -- point to point --------------------------------------------------------------------
-
-    def _send(self, req: _Send) -> None:
-        comm = self.comms[req.rank]
-        nbytes = req.tensor.numel() * req.tensor.element_size()
-        # The sender is busy while the bytes leave; they arrive one latency later.
-        injected = comm.clock + nbytes / self.cost.network.bandwidth_Bps
-        self._advance(req.rank, injected, "comm")
-        self._mail[(req.rank, req.dst)].append(
-            (injected + self.cost.network.latency_s, req.tensor.detach().clone())
-        )
-        self._resume(req.rank, injected)
-        waiting = self._waiting_recv.get(req.dst)
-        if waiting is not None and waiting.src == req.rank:
-            del self._waiting_recv[req.dst]
-            self._recv(waiting)
-
-    def _recv(self, req: _Recv) -> None:
-        box = self._mail[(req.src, req.rank)]
-        if not box:
-            self._waiting_recv[req.rank] = req
-            return
-        arrival, tensor = box.popleft()
-        req.tensor.copy_(tensor)
-        self._advance(req.rank, arrival, "idle")
-        self._resume(req.rank, self.comms[req.rank].clock)
-
 
 ROWS_PER_BATCH = 200
 
@@ -281,17 +461,21 @@ def run_sim(
     """Run ``cfg`` with ``cfg.workers`` virtual workers; stream rows to ``on_rows``.
 
     Returns each rank's result dict and the timeline events. One thread, as each real worker
-    has, so that the gradients are bit-identical to a Dask run's.
+    has, so that the gradients are bit-identical to a Dask run's. ``program`` replaces the
+    config's strategy (a plain program, or a Strategy with its servers).
     """
     from ..models import model_flops
-    from ..strategies import get_program
-    from ..worker import WorkerContext, load_for
+    from ..strategies import Strategy, get_strategy
+    from ..worker import WorkerContext, load_for, server_rows
 
+    strategy = program if isinstance(program, Strategy) else get_strategy(cfg.strategy)
+    chosen = program if program is not None and not isinstance(program, Strategy) else None
+    chosen = chosen or strategy.program
+    spec = strategy.servers if chosen is strategy.program else None
     data = load_for(cfg)
-    world = SimWorld(
-        cfg.workers,
-        build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes)),
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    keep_freed_memory()
     buffer: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:
@@ -300,15 +484,21 @@ def run_sim(
             on_rows(buffer[:])
             buffer.clear()
 
-    contexts = [
-        WorkerContext(cfg, comm, data, torch.device("cpu"), emit, run_label) for comm in world.comms
-    ]
-    chosen = program or get_program(cfg.strategy)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    keep_freed_memory()
     try:
+        servers = [spec.create(cfg, i) for i in range(spec.count(cfg))] if spec else []
+        world = SimWorld(
+            cfg.workers,
+            build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes)),
+            servers,
+        )
+        contexts = [
+            WorkerContext(cfg, comm, data, torch.device("cpu"), emit, run_label)
+            for comm in world.comms
+        ]
         world.run([lambda comm, ctx=ctx: chosen(ctx) for ctx in contexts])
+        last = max((c.clock for c in world.comms), default=0.0)
+        for row in server_rows(cfg, run_label, world.server_stats(), last):
+            emit(row)
     finally:
         torch.set_num_threads(threads)
         if buffer:
