@@ -136,6 +136,7 @@ class ExperimentConfig:
     dc_lambda: float = 0.04  # dc-asgd: weight of the delay-compensation term
     sync_period: int = 4  # local-sgd and easgd: local steps between two averagings
     elastic_alpha: float | None = None  # easgd: moving rate (default 0.9 / workers)
+    elastic_async: bool = False  # easgd: centre on a hosted server, updated asynchronously
     stage_epochs: int = 1  # nnt-staged: restart everyone from the best worker every k epochs
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
