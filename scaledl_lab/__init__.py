@@ -2,7 +2,8 @@
 
 from .config import ConfigError, ExperimentConfig, is_quick, quick
 from .experiment import Results, compare, run
-from .runtime.base import DivergenceError, RunError, WorkerLostError
+from . import plots
+from .runtime.base import DivergenceError, RunError, ServerLostError, WorkerLostError
 
 __version__ = "0.1.0"
 
@@ -12,9 +13,11 @@ __all__ = [
     "ExperimentConfig",
     "Results",
     "RunError",
+    "ServerLostError",
     "WorkerLostError",
     "compare",
     "is_quick",
+    "plots",
     "quick",
     "run",
 ]

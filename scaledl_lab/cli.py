@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--weight-decay", type=float, default=d["weight_decay"].default)
     run.add_argument("--optimizer", default=d["optimizer"].default)
     run.add_argument("--seed", type=int, default=d["seed"].default)
-    run.add_argument("--topology", default=None, help="ring | torus:HxW (decentralised only)")
+    run.add_argument(
+        "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
+    )
     run.add_argument("--sharding", default=d["sharding"].default)
     run.add_argument("--train-subset", type=int, default=None)
     run.add_argument("--test-subset", type=int, default=None)
@@ -87,6 +89,25 @@ def _parser() -> argparse.ArgumentParser:
         "--stragglers",
         default=None,
         help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)",
+    )
+    opts = run.add_argument_group("strategy options")
+    opts.add_argument("--servers", type=int, default=d["servers"].default, help="PS shards")
+    opts.add_argument("--backup-workers", type=int, default=d["backup_workers"].default)
+    opts.add_argument("--n-fetch", type=int, default=d["n_fetch"].default, help="downpour")
+    opts.add_argument("--n-push", type=int, default=d["n_push"].default, help="downpour")
+    opts.add_argument("--dc-lambda", type=float, default=d["dc_lambda"].default, help="dc-asgd")
+    opts.add_argument(
+        "--sync-period",
+        type=int,
+        default=d["sync_period"].default,
+        help="local-sgd, easgd: local steps between averagings",
+    )
+    opts.add_argument("--elastic-alpha", type=float, default=None, help="easgd moving rate")
+    opts.add_argument(
+        "--elastic-async", action="store_true", help="easgd: centre on a server, asynchronous"
+    )
+    opts.add_argument(
+        "--stage-epochs", type=int, default=d["stage_epochs"].default, help="nnt-staged"
     )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
@@ -120,7 +141,10 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         test_subset=args.test_subset, max_steps=args.max_steps, data_dir=args.data_dir,
         oversubscribe=args.oversubscribe, compute_profile=args.compute_profile,
         network=args.network, allreduce_algorithm=args.allreduce_algorithm,
-        stragglers=args.stragglers,
+        stragglers=args.stragglers, servers=args.servers, backup_workers=args.backup_workers,
+        n_fetch=args.n_fetch, n_push=args.n_push, dc_lambda=args.dc_lambda,
+        sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
+        elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 
@@ -129,9 +153,9 @@ def _cmd_list() -> None:
     from .strategies import DESCRIPTIONS
 
     print("strategies (implemented):")
-    for name in IMPLEMENTED_STRATEGIES:
+    for name in (n for n in IMPLEMENTED_STRATEGIES if n in DESCRIPTIONS):
         print(f"  {name:18s} {DESCRIPTIONS.get(name, '')}")
-    pending = [s for s in CONTRACT_STRATEGIES if s not in IMPLEMENTED_STRATEGIES]
+    pending = [s for s in CONTRACT_STRATEGIES if s not in DESCRIPTIONS]
     print("strategies (planned): " + ", ".join(pending))
     print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
     print("datasets: " + ", ".join(DATASETS))
