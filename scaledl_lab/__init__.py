@@ -1,8 +1,8 @@
 """scaledl_lab: the techniques of "Deep Learning at Scale" (PDP 2019) on Dask and PyTorch."""
 
+from . import plots
 from .config import ConfigError, ExperimentConfig, is_quick, quick
 from .experiment import Results, compare, run
-from . import plots
 from .runtime.base import DivergenceError, RunError, ServerLostError, WorkerLostError
 
 __version__ = "0.1.0"
