@@ -24,6 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -315,12 +316,13 @@ def reproduce(
     is_quick: bool,
     out: str | os.PathLike[str],
     address: str | None = None,
+    client: Any = None,
     progress: bool = True,
     configs: list[ExperimentConfig] | None = None,
 ) -> Results:
     """Run the comparison and write the results folder (table, config, plots, summary.md)."""
     configs = configs or paper_configs(is_quick)
-    results = compare(configs, address=address, out=out, progress=progress)
+    results = compare(configs, address=address, client=client, out=out, progress=progress)
     write_report(results, Path(out))
     return results
 
