@@ -30,6 +30,7 @@ import pandas as pd
 
 from .config import ExperimentConfig, quick
 from .experiment import Results, compare
+from .plots import throughput
 
 SIM_WORKERS = 16
 TORUS = "torus:4x4"
@@ -153,8 +154,9 @@ def _server_bytes_per_round(rows: pd.DataFrame, workers: int) -> float:
 
 
 def comparison_table(results: Results) -> pd.DataFrame:
-    """One row per run: accuracy (best-on-val worker, mean, spread), time per epoch, speed-up,
-    bytes per worker per step, server traffic, staleness and straggler slowdown."""
+    """One row per run: accuracy (best-on-val worker, mean, spread), time per epoch (training
+    and evaluation), throughput speed-up over one worker, bytes per worker per step, server
+    traffic, staleness and straggler slowdown (time per epoch with the straggler / without)."""
     frame = results.frame
     records = []
     for cfg in results.configs:
@@ -178,9 +180,8 @@ def comparison_table(results: Results) -> pd.DataFrame:
             }
         )
     table = pd.DataFrame(records)
-    table["speedup_vs_1_worker"] = [
-        _speedup(results, cfg, row) for cfg, row in zip(results.configs, records, strict=True)
-    ]
+    rates = throughput(frame).set_index("run")["samples_per_s"]
+    table["speedup_vs_1_worker"] = [_speedup(results, cfg, rates) for cfg in results.configs]
     base = {
         (r["strategy"], r["runtime"], r["run"].split(" · ")[0]): r["time_per_epoch_s"]
         for r in records
@@ -195,24 +196,21 @@ def comparison_table(results: Results) -> pd.DataFrame:
     return table
 
 
-def _speedup(results: Results, cfg: ExperimentConfig, row: dict) -> float:
-    """Time per epoch of one worker over this run's. On Dask the one-worker run was measured;
-    on the simulator one worker's epoch is computed from the same cost model."""
+def _speedup(results: Results, cfg: ExperimentConfig, rates: pd.Series) -> float:
+    """Steady-state samples/s of this run over one worker's. On Dask the one-worker run was
+    measured; on the simulator one worker's rate follows from the same cost model (a lone
+    worker only computes)."""
+    rate = float(rates.get(cfg.label, math.nan))
     if cfg.runtime == "dask":
         ones = [c for c in results.configs if c.runtime == "dask" and c.workers == 1]
-        if not ones:
-            return math.nan
-        one = time_per_epoch(results.frame[results.frame["run"] == ones[0].label])
-        return one / row["time_per_epoch_s"]
+        return rate / float(rates.get(ones[0].label, math.nan)) if ones else math.nan
     from .models import model_flops
     from .runtime.sim import build_cost_model
     from .worker import load_for
 
     data = load_for(cfg)
     cost = build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes))
-    steps = len(data.train) // cfg.batch_size
-    one = steps * cost.compute.step_time(cfg.batch_size)
-    return one / row["time_per_epoch_s"]
+    return rate / (cfg.batch_size / cost.compute.step_time(cfg.batch_size))
 
 
 def verdicts(table: pd.DataFrame) -> list[str]:
