@@ -156,7 +156,14 @@ class TorchComm(Comm):
         if not 0 <= server < len(self.servers):
             return super().call_start(server, method, *args)
         self.bytes_sent += tensor_bytes(args)
-        return _ActorCall(self, server, self.servers[server].call(method, args))
+        try:
+            future = self.servers[server].call(method, args)
+        except Exception as exc:  # the actor's worker is already gone
+            raise ServerLostError(
+                f"server {server} on worker {self.server_addresses[server]} is gone "
+                f"({type(exc).__name__}: {exc}); the run cannot go on without it"
+            ) from None
+        return _ActorCall(self, server, future)
 
     async def shared_tensor(self, name: str, init: torch.Tensor) -> torch.Tensor:
         hosts = [None] * self.world_size
@@ -421,13 +428,7 @@ def run_dask(
             if time.monotonic() - checked > LIVENESS_S:
                 checked = time.monotonic()
                 alive = set(client.scheduler_info(n_workers=-1)["workers"])
-                for i, addr in enumerate(server_hosts):
-                    if addr not in alive:
-                        raise WorkerLostError(
-                            f"worker {addr}, host of server {i}, died during run {run_label!r}; "
-                            "the run cannot go on without the parameters it held, so it was "
-                            "stopped"
-                        )
+                _check_servers(server_hosts, alive, run_label)
                 for rank, addr in enumerate(addresses):
                     if addr in alive or rank in lost:
                         continue
@@ -444,6 +445,11 @@ def run_dask(
         drain()
         errors = [(r, f) for r, f in enumerate(futures) if f.status == "error" and r not in lost]
         if errors:
+            # A dead server makes its callers fail first: name the cause, not the symptom.
+            if server_hosts:
+                _check_servers(
+                    server_hosts, set(client.scheduler_info(n_workers=-1)["workers"]), run_label
+                )
             rank, fut = errors[0]
             exc = fut.exception()
             if isinstance(exc, RunError):
@@ -469,6 +475,15 @@ def run_dask(
         except Exception:  # the scheduler may be gone when the cluster is closing
             pass
         queue.close()
+
+
+def _check_servers(hosts: list[str], alive: set[str], run_label: str) -> None:
+    for i, addr in enumerate(hosts):
+        if addr not in alive:
+            raise WorkerLostError(
+                f"worker {addr}, host of server {i}, died during run {run_label!r}; the run "
+                "cannot go on without the parameters it held, so it was stopped"
+            )
 
 
 def _lost_row(cfg: ExperimentConfig, run_label: str, rank: int, at: float) -> dict[str, Any]:

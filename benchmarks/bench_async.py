@@ -1,0 +1,133 @@
+"""Side by side: asynchronous parameter server and Hogwild! on real Dask workers vs plain PyTorch.
+
+1. `ps-async` with 2 Dask workers and one parameter server (a Dask actor beside rank 0):
+   gradients applied per second, against the steps per second of a plain single-process PyTorch
+   SGD loop (one thread) on the same model, batch size and data.
+2. `hogwild` with 2 worker processes sharing the parameters in /dev/shm against `hogwild` with
+   1 process: updates per second.
+
+Rates are over steady-state steps (the first WARMUP steps of each rank are left out). The two
+sides of each comparison alternate, and medians over the rounds are reported, since this
+machine is noisy (±20%).
+
+    python benchmarks/bench_async.py [--quick] [--model mlp] [--batch 64] [--steps 150]
+        [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from scaledl_lab import ExperimentConfig
+from scaledl_lab.cluster import connect
+from scaledl_lab.data import epoch_batches, shard_indices
+from scaledl_lab.models import build_model
+from scaledl_lab.runtime.dask import run_dask
+from scaledl_lab.worker import load_for, make_optimizer
+
+WARMUP = 10
+DATA = dict(train_subset=40_000, test_subset=200, val_size=200)
+
+
+def _config(strategy: str, workers: int, model: str, batch: int, steps: int) -> ExperimentConfig:
+    return ExperimentConfig(
+        strategy=strategy,
+        workers=workers,
+        model=model,
+        batch_size=batch,
+        max_steps=WARMUP + steps,
+        momentum=0.0,
+        lr=0.01,
+        **DATA,
+    )
+
+
+def updates_per_second(rows: list[dict]) -> float:
+    """Applied updates per second over the steady state, all ranks together.
+
+    An update is a train row with a measured staleness (a push the server applied, or a
+    Hogwild! write); each rank's first WARMUP steps are left out.
+    """
+    train = [r for r in rows if r["kind"] == "train" and r["step"] > WARMUP]
+    applied = [r for r in train if r["staleness"] == r["staleness"]]  # not NaN
+    start = min(r["time"] for r in train)
+    end = max(r["time"] for r in applied)
+    # Updates finished after `start`, from a moment when every rank was past its warm-up.
+    return sum(start < r["time"] <= end for r in applied) / (end - start)
+
+
+def dask_rate(client, strategy: str, workers: int, model: str, batch: int, steps: int) -> float:
+    cfg = _config(strategy, workers, model, batch, steps)
+    rows: list[dict] = []
+    run_dask(client, cfg, cfg.label, rows.extend)
+    return updates_per_second(rows)
+
+
+def plain_sgd_rate(model_name: str, batch: int, steps: int) -> float:
+    """Steps/s of a plain PyTorch SGD loop, one process, one thread, the same model and data."""
+    cfg = _config("ps-async", 1, model_name, batch, steps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = load_for(cfg)
+        model = build_model(model_name, data.input_shape, data.num_classes, seed=0)
+        optimizer = make_optimizer(cfg, model.parameters())
+        shard = shard_indices(data.train.y, 1, 0, seed=0)
+        order = epoch_batches(shard, batch, seed=0, epoch=0, rank=0)
+        for i, idx in enumerate(order[: WARMUP + steps]):
+            if i == WARMUP:
+                start = time.perf_counter()
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
+            loss.backward()
+            optimizer.step()
+            loss.item()
+        return steps / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=150, help="timed steps per worker")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer steps (seconds, not minutes)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps = min(args.steps, 60)
+    m, b, s = args.model, args.batch, args.steps
+    runs: dict[str, list[float]] = {"ps": [], "plain": [], "hog2": [], "hog1": []}
+    with connect(2, dashboard=False, log=None) as client:
+        print(
+            f"model={m}, batch {b} per worker, {s} timed steps per worker after {WARMUP} "
+            f"warm-up, median of {args.rounds} rounds (sides alternate)"
+        )
+        dask_rate(client, "ps-async", 2, m, b, 20)  # start torch and load data on the workers
+        for _ in range(args.rounds):
+            runs["ps"].append(dask_rate(client, "ps-async", 2, m, b, s))
+            runs["plain"].append(plain_sgd_rate(m, b, 2 * s))
+            runs["hog2"].append(dask_rate(client, "hogwild", 2, m, b, s))
+            runs["hog1"].append(dask_rate(client, "hogwild", 1, m, b, 2 * s))
+    ps, plain, hog2, hog1 = (statistics.median(runs[k]) for k in ("ps", "plain", "hog2", "hog1"))
+    print(f"\n{'what':<52} {'updates/s':>10} {'rounds':>24}")
+    for label, key in (
+        ("ps-async, 2 Dask workers + 1 server actor", "ps"),
+        ("plain PyTorch SGD loop, 1 process, 1 thread", "plain"),
+        ("hogwild, 2 Dask worker processes, shared memory", "hog2"),
+        ("hogwild, 1 Dask worker process", "hog1"),
+    ):
+        values = " ".join(f"{v:7.1f}" for v in runs[key])
+        print(f"{label:<52} {statistics.median(runs[key]):>10.1f} {values:>24}")
+    print(f"\nratio ps-async (2 workers) / plain single-process SGD: {ps / plain:.2f}")
+    print(f"ratio hogwild 2 processes / 1 process:                 {hog2 / hog1:.2f}")
+
+
+if __name__ == "__main__":
+    main()
