@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     opts.add_argument("--n-push", type=int, default=d["n_push"].default, help="downpour")
     opts.add_argument("--dc-lambda", type=float, default=d["dc_lambda"].default, help="dc-asgd")
     opts.add_argument(
+        "--dc-adaptive", action="store_true", help="dc-asgd: λ0/√(mean g²) (DC-ASGD-a)"
+    )
+    opts.add_argument(
         "--sync-period",
         type=int,
         default=d["sync_period"].default,
@@ -143,6 +146,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         network=args.network, allreduce_algorithm=args.allreduce_algorithm,
         stragglers=args.stragglers, servers=args.servers, backup_workers=args.backup_workers,
         n_fetch=args.n_fetch, n_push=args.n_push, dc_lambda=args.dc_lambda,
+        dc_adaptive=args.dc_adaptive,
         sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
         elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
     )  # fmt: skip

@@ -133,7 +133,8 @@ class ExperimentConfig:
     backup_workers: int = 1  # backup-workers: the step uses the first workers - b gradients
     n_fetch: int = 1  # downpour: pull the parameters every n_fetch steps
     n_push: int = 1  # downpour: push the accumulated gradient every n_push steps
-    dc_lambda: float = 0.04  # dc-asgd: weight of the delay-compensation term
+    dc_lambda: float = 0.04  # dc-asgd: weight of the delay-compensation term (λ0 if adaptive)
+    dc_adaptive: bool = False  # dc-asgd: λ0 / sqrt(moving mean of g⊙g), DC-ASGD-a
     sync_period: int = 4  # local-sgd and easgd: local steps between two averagings
     elastic_alpha: float | None = None  # easgd: moving rate (default 0.9 / workers)
     elastic_async: bool = False  # easgd: centre on a hosted server, updated asynchronously

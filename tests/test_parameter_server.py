@@ -75,6 +75,26 @@ def test_dc_asgd_compensates_with_the_weights_sent_to_that_worker():
     torch.testing.assert_close(ps.param.detach(), torch.tensor([0.5 - 0.9, 0.55]))
 
 
+def test_adaptive_dc_asgd_scales_lambda_by_the_root_mean_square_gradient():
+    ps = ParameterServer(
+        torch.tensor([1.0, 1.0], dtype=torch.float64),
+        _cfg(strategy="dc-asgd", lr=0.5, dc_lambda=2.0, dc_adaptive=True, precision="float64"),
+        mode="dc-asgd", workers=2,
+    )  # fmt: skip
+    ps.pull(0)
+    ps.pull(1)
+    ps.push(0, torch.tensor([1.0, 2.0], dtype=torch.float64), 0)  # w = [0.5, 0]
+    # MeanSquare after two pushes: 0.05·0.95·g0² + 0.05·g1²
+    g0, g1 = torch.tensor([1.0, 2.0]), torch.tensor([2.0, -1.0])
+    ms = 0.95 * 0.05 * g0**2 + 0.05 * g1**2
+    lam = 2.0 / torch.sqrt(ms.double() + 1e-7)
+    expected_g = g1 + lam * g1**2 * (torch.tensor([0.5, 0.0]) - torch.tensor([1.0, 1.0]))
+    ps.push(1, g1.double(), 0)
+    torch.testing.assert_close(
+        ps.param.detach(), torch.tensor([0.5, 0.0], dtype=torch.float64) - 0.5 * expected_g
+    )
+
+
 def test_sync_server_averages_then_releases_the_next_version():
     ps = ParameterServer(torch.tensor([0.0]), _cfg(lr=1.0), mode="sync", workers=2)
     assert ps.pull(0, 1) is NOT_READY

@@ -12,7 +12,8 @@ know which. Variants:
 - ``downpour``: async, workers fetch every ``n_fetch`` steps and push the gradient accumulated
   over ``n_push`` local steps, updating their replica locally in between (Dean et al. 2012);
 - ``staleness-aware``: async with lr / max(1, staleness) (Zhang et al. 2015);
-- ``dc-asgd``: async with g + λ·g⊙g⊙(w_now − w_stale) (Zheng et al. 2016).
+- ``dc-asgd``: async with g + λ·g⊙g⊙(w_now − w_stale) (Zheng et al. 2016); with
+  ``dc_adaptive`` λ is λ0/√(MeanSquare(g) + ε) per element (their DC-ASGD-a).
 
 Staleness of a gradient = the number of updates the server applied between the pull its
 weights came from and its push; every applied gradient's staleness is logged.
@@ -50,8 +51,17 @@ def staleness_aware_lr(lr: float, staleness: float) -> float:
     return lr / max(1.0, staleness)
 
 
+DC_MEAN_SQUARE_MOMENTUM = 0.95  # DC-ASGD-a's moving average of g⊙g (Zheng et al. 2016)
+DC_EPSILON = 1e-7
+
+
+def adaptive_lambda(lam0: float, mean_square: torch.Tensor) -> torch.Tensor:
+    """DC-ASGD-a: λ_t = λ0 / √(MeanSquare(g) + ε), elementwise (Zheng et al. 2016)."""
+    return lam0 / torch.sqrt(mean_square + DC_EPSILON)
+
+
 def delay_compensated(
-    grad: torch.Tensor, w_now: torch.Tensor, w_stale: torch.Tensor, lam: float
+    grad: torch.Tensor, w_now: torch.Tensor, w_stale: torch.Tensor, lam: float | torch.Tensor
 ) -> torch.Tensor:
     """Zheng et al. 2016: g + λ·g⊙g⊙(w_now − w_stale), a first-order Taylor correction."""
     return grad + lam * grad * grad * (w_now - w_stale)
@@ -90,6 +100,8 @@ class ParameterServer:
         self.optimizer = make_optimizer(cfg, [self.param])
         self.lr = cfg.lr
         self.dc_lambda = cfg.dc_lambda
+        # DC-ASGD-a keeps a moving average of g⊙g; None for the constant-λ variant.
+        self.mean_square = torch.zeros_like(self.param) if cfg.dc_adaptive else None
         self.mode = mode
         self.workers = workers
         self.needed = workers - backup
@@ -141,7 +153,12 @@ class ParameterServer:
                 lr = staleness_aware_lr(self.lr, staleness)
             elif self.mode == "dc-asgd":
                 stale = self._backup.get(rank, self.param.detach())
-                grad = delay_compensated(grad, self.param.detach(), stale, self.dc_lambda)
+                lam: float | torch.Tensor = self.dc_lambda
+                if self.mean_square is not None:
+                    m = DC_MEAN_SQUARE_MOMENTUM
+                    self.mean_square.mul_(m).addcmul_(grad, grad, value=1 - m)
+                    lam = adaptive_lambda(self.dc_lambda, self.mean_square)
+                grad = delay_compensated(grad, self.param.detach(), stale, lam)
             self._step(grad, lr)
             self.gradients += steps
         self.staleness.append(staleness)
