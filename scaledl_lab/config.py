@@ -261,6 +261,10 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         from .topology import parse
 
         parse(cfg.topology, cfg.workers)
+    if cfg.strategy == "adpsgd" and cfg.workers > 1:
+        from .strategies.gossip import colouring
+
+        colouring(cfg.resolved_topology, cfg.workers)  # active/passive needs a bipartite graph
     for name in ("servers", "n_fetch", "n_push", "sync_period", "stage_epochs"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

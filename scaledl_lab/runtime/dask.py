@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 import time
 import traceback
 import uuid
@@ -64,14 +65,36 @@ class _Work(Pending):
 
 
 class _Posted(Incoming):
+    """A posted gloo receive. Gloo's recv work reports ``is_completed()`` only after ``wait()``
+    (and has no future), so the first ``ready()`` starts a helper thread that waits for it."""
+
     def __init__(self, work: Any, tensor: torch.Tensor) -> None:
         self.work, self.tensor = work, tensor
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _wait_in_thread(self) -> None:
+        try:
+            self.work.wait()
+        except BaseException as exc:  # re-raised by wait() in the worker's own thread
+            self._error = exc
+        finally:
+            self._done.set()
 
     def ready(self) -> bool:
-        return self.work.is_completed()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._wait_in_thread, daemon=True)
+            self._thread.start()
+        return self._done.is_set()
 
     async def wait(self) -> torch.Tensor:
-        self.work.wait()
+        if self._thread is None:
+            self.work.wait()
+        else:
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
         return self.tensor
 
 

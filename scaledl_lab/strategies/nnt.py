@@ -1,0 +1,267 @@
+"""Nearest-neighbour training (NNT), the paper's method as implemented in FAST (Viviani et al.).
+
+Every worker starts from the same weights and trains on its own shard. A step: compute the
+local mini-batch gradient, apply it with the worker's own optimiser, send that gradient (all
+parameter gradients, flattened) to each neighbour of the ring or torus. Each neighbour gradient
+that has arrived is applied with the same optimiser, one message at a time, as if it were local
+(not averaged). Three variants:
+
+- ``nnt``: never wait: after its step a worker applies what has arrived and carries on;
+- ``nnt-lockstep``: after its step a worker waits for one message per neighbour (that
+  neighbour's gradient of the same step), so the run is deterministic on both runtimes;
+- ``nnt-staged``: as ``nnt``, and every ``stage_epochs`` epochs all workers restart from the
+  best worker on the validation split (its weights are broadcast; the optimiser state is reset
+  on every worker, since the best worker's momentum belongs to its own trajectory). Before the
+  restart each worker applies every gradient of the stage, so no stale gradient crosses it.
+
+Flow control (the one departure from FAST, needed on gloo, whose sends complete only once the
+receiver has posted the matching receive): a worker may run at most ``MAX_LEAD`` steps ahead
+of the messages it has received from a neighbour (``cfg.extra["nnt_max_lead"]`` overrides; the
+lock-step variant is lead 0), keeps ``lead + 1`` receives posted and at most ``2·lead + 1``
+sends in flight per neighbour.
+With that bound, whenever a worker waits for a send the receiver has already posted the receive,
+and waits for receives only point to workers that are behind: no deadlock. Every worker runs
+the same number of steps T (all shards have the same length), so it sends exactly T messages
+to each neighbour and, at the end, receives all T from each before its final evaluation.
+
+Rows: ``kind="train"`` per worker per step, with ``bytes_sent`` (degree × gradient bytes) and
+``staleness`` (mean age in steps of the neighbour gradients applied after that step). At each
+epoch boundary (all workers reach it at the same step count, which makes it a synchronisation
+point) rank 0 records ``kind="consensus"`` with (1/N) Σ_i ||x_i − x̄||² in the ``loss`` column,
+and every worker records ``val`` and ``test`` rows for its own model. The final result is the
+best worker on validation; ``ctx.result`` holds each rank's val/test accuracy, ``best_rank``,
+``best_test_accuracy``, the mean and spread (see :func:`gossip.summarise_workers`).
+
+``tolerates_worker_loss`` is False: a dead gloo peer breaks its neighbours' sends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from .. import topology
+from ..runtime.base import Comm, Incoming, Pending
+from ..worker import WorkerContext
+from . import Strategy, register
+from .gossip import (
+    epoch_end,
+    finish_decentralised,
+    grad_vector,
+    is_boundary,
+    load_state_vector,
+    local_gradient,
+    log_train,
+    state_vector,
+    summarise_workers,
+    total_steps,
+)
+
+MAX_LEAD = 4  # steps a worker may run ahead of what it has received from a neighbour
+
+
+class Inbox:
+    """``depth`` receives posted per neighbour (matched in order); neighbour gradients are
+    applied one message at a time, in each neighbour's sending order."""
+
+    def __init__(
+        self, comm: Comm, neighbours: list[int], like: torch.Tensor, total: int, depth: int
+    ) -> None:
+        self.comm, self.neighbours, self.total = comm, neighbours, total
+        self.count = dict.fromkeys(neighbours, 0)  # messages applied from each neighbour
+        self.posted: dict[int, deque[tuple[torch.Tensor, Incoming]]] = {}
+        for j in neighbours:
+            buffers = [torch.empty_like(like) for _ in range(min(depth, total))]
+            self.posted[j] = deque((b, comm.irecv(b, j)) for b in buffers)
+
+    async def drain(self, apply: Any, *, need: int, greedy: bool) -> list[int]:
+        """Apply messages until ``need`` from each neighbour (waiting if needed); with
+        ``greedy``, also every further one that has already arrived. Returns the indices
+        (the sender's step) of the messages applied."""
+        applied = []
+        for j in self.neighbours:
+            posted = self.posted[j]
+            while posted:
+                buffer, incoming = posted[0]
+                if self.count[j] < need:
+                    await incoming.wait()
+                elif not (greedy and incoming.ready()):
+                    break
+                posted.popleft()
+                apply(buffer)  # used up before the buffer is posted again
+                applied.append(self.count[j])
+                self.count[j] += 1
+                if self.count[j] + len(posted) < self.total:
+                    posted.append((buffer, self.comm.irecv(buffer, j)))
+        return applied
+
+
+class Outbox:
+    """Sends a private copy of each gradient to every neighbour, ``window`` in flight at most."""
+
+    def __init__(self, comm: Comm, neighbours: list[int], window: int) -> None:
+        self.comm, self.neighbours, self.window = comm, neighbours, window
+        self.in_flight: list[list[Pending]] = []
+
+    async def send(self, flat: torch.Tensor) -> None:
+        if not self.neighbours:
+            return
+        while len(self.in_flight) >= self.window:
+            for pending in self.in_flight.pop(0):
+                await pending.wait()
+        message = flat.detach().clone()
+        self.in_flight.append([self.comm.isend(message, j) for j in self.neighbours])
+
+    async def flush(self) -> None:
+        while self.in_flight:
+            for pending in self.in_flight.pop(0):
+                await pending.wait()
+
+
+def _writer(params: list[nn.Parameter]) -> Any:
+    def write_grads(flat: torch.Tensor) -> None:
+        offset = 0
+        for p in params:
+            n = p.numel()
+            view = flat[offset : offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+            offset += n
+
+    return write_grads
+
+
+async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = False) -> None:
+    """The program one NNT worker runs."""
+    cfg, comm = ctx.config, ctx.comm
+    lead = 0 if lockstep else int(cfg.extra.get("nnt_max_lead", MAX_LEAD))
+    neighbours = topology.neighbours(cfg.resolved_topology, comm.world_size, comm.rank)
+    model = ctx.build_model()  # same seed => the same initial weights on every worker
+    holder = {"optimizer": ctx.build_optimizer(model)}
+    params = [p for p in model.parameters() if p.requires_grad]
+    write_grads = _writer(params)
+    last = total_steps(ctx)
+    like = torch.cat([p.detach().reshape(-1) for p in params])
+    inbox = Inbox(comm, neighbours, like, last, depth=lead + 1)
+    outbox = Outbox(comm, neighbours, window=2 * lead + 1)
+
+    def apply(flat: torch.Tensor) -> None:
+        """A neighbour's gradient, applied with the local optimiser as if it were local."""
+        write_grads(flat)
+        holder["optimizer"].step()
+
+    await ctx.evaluate_shared(model, epoch=0.0, step=0)
+    scores: dict[str, float] = {}
+    step = 0
+    for epoch in range(cfg.epochs):
+        for x, y in ctx.batches(epoch):
+            sent_before = comm.bytes_sent
+            optimizer = holder["optimizer"]
+            loss, correct = await local_gradient(
+                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
+            )
+            gradient = grad_vector(params)
+            optimizer.step()
+            await outbox.send(gradient)
+            step += 1
+            final = step >= last
+            # Receiving: at the end every remaining message; otherwise what has arrived,
+            # waiting only to stay within ``lead`` steps of each neighbour.
+            need = last if final else step - lead
+            applied = await inbox.drain(apply, need=need, greedy=not lockstep and not final)
+            if final:
+                await outbox.flush()  # no message is left in flight
+            staleness = sum(step - 1 - m for m in applied) / len(applied) if applied else math.nan
+            log_train(
+                ctx,
+                step=step,
+                loss=loss,
+                correct=correct,
+                samples=len(y),
+                sent=comm.bytes_sent - sent_before,
+                lr=optimizer.param_groups[0]["lr"],
+                staleness=staleness,
+            )
+            if is_boundary(ctx, step, last):
+                restart = (
+                    staged and not final and (step // ctx.steps_per_epoch) % cfg.stage_epochs == 0
+                )
+                if restart:
+                    await inbox.drain(apply, need=step, greedy=False)  # the whole stage
+                scores = await epoch_end(ctx, model, step)
+                if restart:
+                    await _restart_from_best(ctx, model, holder, scores)
+            if final:
+                break
+        if step >= last:
+            break
+    ctx.result["messages_applied"] = dict(inbox.count)  # T from every neighbour
+    await finish_decentralised(ctx, model, scores)
+
+
+async def _restart_from_best(
+    ctx: WorkerContext, model: nn.Module, holder: dict[str, Any], scores: dict[str, float]
+) -> None:
+    """nnt-staged: everyone takes the weights of the best worker on val; optimisers reset."""
+    val = torch.zeros(ctx.world_size, dtype=torch.float64)
+    val[ctx.rank] = scores.get("val", 0.0)
+    await ctx.comm.allreduce(val)
+    best = int(torch.argmax(val))  # the first maximum: ties go to the lowest rank
+    flat = state_vector(model)
+    await ctx.comm.broadcast(flat, best)
+    load_state_vector(model, flat)
+    holder["optimizer"] = ctx.build_optimizer(model)
+    ctx.result.setdefault("stage_best_ranks", []).append(best)
+
+
+async def train_lockstep(ctx: WorkerContext) -> None:
+    await train(ctx, lockstep=True)
+
+
+async def train_staged(ctx: WorkerContext) -> None:
+    await train(ctx, staged=True)
+
+
+def best_worker(frame: pd.DataFrame, run: str | None = None) -> dict[str, Any]:
+    """From a results table: each worker's last val/test accuracy, the best worker on val
+    (its test accuracy is the method's result) and the mean and spread across workers."""
+    rows = frame if run is None else frame[frame["run"] == run]
+    last = {}
+    for kind in ("val", "test"):
+        evals = rows[rows["kind"] == kind]
+        final = evals[evals["step"] == evals["step"].max()].sort_values("rank")
+        last[kind] = final.set_index("rank")["accuracy"]
+    ranks = sorted(last["val"].index)
+    return summarise_workers(
+        [float(last["val"][r]) for r in ranks], [float(last["test"][r]) for r in ranks]
+    )
+
+
+register(
+    Strategy(
+        "nnt",
+        train,
+        "nearest-neighbour training (FAST): send gradients to ring/torus neighbours, never wait",
+    )
+)
+register(
+    Strategy(
+        "nnt-lockstep",
+        train_lockstep,
+        "nearest-neighbour training, waiting for one gradient per neighbour each step",
+    )
+)
+register(
+    Strategy(
+        "nnt-staged",
+        train_staged,
+        "nearest-neighbour training restarting everyone from the best worker every k epochs",
+    )
+)

@@ -1,0 +1,159 @@
+"""Nearest-neighbour training (the paper's NNT): exact reductions, determinism, bookkeeping."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from common import SMALL, max_diff
+
+from scaledl_lab import ExperimentConfig, run
+from scaledl_lab.reference import train_sequential
+from scaledl_lab.strategies.nnt import MAX_LEAD, best_worker
+from scaledl_lab.worker import load_for
+
+
+@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.05), ("adam", 1e-3), ("adagrad", 0.01)])
+@pytest.mark.parametrize("strategy", ["nnt", "nnt-lockstep"])
+def test_one_worker_equals_plain_training(strategy, optimizer, lr):
+    cfg = ExperimentConfig(
+        strategy=strategy,
+        runtime="sim",
+        workers=1,
+        model="mlp",
+        optimizer=optimizer,
+        **{**SMALL, "lr": lr},
+    )
+    res = run(cfg, progress=False)
+    plain = train_sequential(cfg, load_for(cfg))
+    assert max_diff(res.state_dict(), plain) == 0.0
+
+
+def test_one_worker_on_dask_equals_plain_training(client):
+    cfg = ExperimentConfig(strategy="nnt", workers=1, model="mlp", optimizer="adam", **SMALL)
+    res = run(cfg.replace(lr=1e-3), client=client, progress=False)
+    assert max_diff(res.state_dict(), train_sequential(res.configs[0], load_for(cfg))) == 0.0
+
+
+def test_lockstep_pair_with_plain_sgd_equals_sequential_sgd_at_twice_the_rate():
+    """Two workers, lock-step, plain SGD: each applies its own gradient and its neighbour's,
+    x ← x − lr·g0 − lr·g1 = x − 2·lr·mean gradient of the combined batch."""
+    cfg = ExperimentConfig(
+        strategy="nnt-lockstep",
+        runtime="sim",
+        workers=2,
+        model="mlp",
+        precision="float64",
+        **{**SMALL, "momentum": 0.0},
+    )
+    res = run(cfg, progress=False)
+    twin = train_sequential(cfg.replace(lr=2 * cfg.lr), load_for(cfg))
+    for rank in (0, 1):
+        assert max_diff(res.state_dict(rank=rank), twin) < 1e-10
+
+
+def test_lockstep_is_deterministic_and_identical_on_dask(client):
+    cfg = ExperimentConfig(strategy="nnt-lockstep", runtime="sim", workers=2, model="mlp", **SMALL)
+    a, b = run(cfg, progress=False), run(cfg, progress=False)
+    pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)
+    on_dask = run(cfg.replace(runtime="dask"), client=client, progress=False)
+    for rank in (0, 1):
+        assert max_diff(a.state_dict(rank=rank), on_dask.state_dict(rank=rank)) == 0.0
+    train = a.frame.query("kind == 'train'")
+    assert (train["staleness"] == 0).all()  # every neighbour gradient is of the same step
+
+
+def test_lockstep_on_torus_is_deterministic():
+    cfg = ExperimentConfig(
+        strategy="nnt-lockstep",
+        runtime="sim",
+        workers=9,
+        topology="torus:3x3",
+        model="mlp",
+        stragglers="spread:0.3",
+        **SMALL,
+    )
+    a, b = run(cfg, progress=False), run(cfg, progress=False)
+    pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)
+    for rank in range(9):
+        assert max_diff(a.state_dict(rank=rank), b.state_dict(rank=rank)) == 0.0
+
+
+def test_never_waiting_nnt_applies_every_message_with_bounded_staleness():
+    cfg = ExperimentConfig(
+        strategy="nnt",
+        runtime="sim",
+        workers=4,
+        model="mlp",
+        stragglers="slow:1:4",
+        network="100g-ib",
+        **SMALL,
+    )
+    res = run(cfg, progress=False)
+    train = res.frame.query("kind == 'train'")
+    steps = train["step"].max()  # 18: 2400 samples / 4 workers / batch 32
+    for rank, out in enumerate(res.outputs[cfg.label]):
+        left, right = (rank - 1) % 4, (rank + 1) % 4
+        assert out["messages_applied"] == {left: steps, right: steps}
+    staleness = train["staleness"].dropna()
+    assert staleness.max() <= MAX_LEAD
+    # Neighbours of the slow worker 1 apply its gradients late; the others do not wait for it
+    # at every step (lock-step would make everyone as slow as rank 1).
+    assert train.query("rank in [0, 2]")["staleness"].mean() > 0.5
+    lockstep = run(cfg.replace(strategy="nnt-lockstep"), progress=False).frame
+    assert (
+        train.query("rank == 3")["time"].iloc[9]
+        < lockstep.query("kind == 'train' and rank == 3")["time"].iloc[9]
+    )
+
+
+def test_final_model_is_the_best_worker_on_validation():
+    cfg = ExperimentConfig(
+        strategy="nnt",
+        runtime="sim",
+        workers=4,
+        model="mlp",
+        optimizer="adam",
+        **{**SMALL, "lr": 1e-3, "max_steps": None},
+    )
+    res = run(cfg, progress=False)
+    outs = res.outputs[cfg.label]
+    summary = best_worker(res.frame)
+    for out in outs:  # every rank holds the same summary
+        assert out["best_rank"] == summary["best_rank"]
+        assert out["best_test_accuracy"] == summary["best_test_accuracy"]
+    val = [o["val_accuracy"] for o in outs]
+    assert val[summary["best_rank"]] == max(val)
+    assert summary["best_test_accuracy"] == outs[summary["best_rank"]]["test_accuracy"]
+    assert summary["min_test_accuracy"] <= summary["mean_test_accuracy"]
+    assert summary["mean_test_accuracy"] <= summary["max_test_accuracy"]
+    consensus = res.frame.query("kind == 'consensus'")
+    assert list(consensus["rank"]) == [0] and list(consensus["step"]) == [18]
+
+
+def test_staged_restarts_everyone_from_the_best_worker():
+    cfg = ExperimentConfig(
+        strategy="nnt-staged",
+        runtime="sim",
+        workers=4,
+        model="mlp",
+        optimizer="adam",
+        **{**SMALL, "lr": 1e-3, "max_steps": None, "epochs": 3},
+    )
+    res = run(cfg, progress=False)
+    frame = res.frame
+    for boundary, best in zip([18, 36], res.outputs[cfg.label][0]["stage_best_ranks"], strict=True):
+        val = frame.query(f"kind == 'val' and step == {boundary}").sort_values("rank")
+        assert best == int(val["accuracy"].to_numpy().argmax())
+    # A restart makes every worker equal: the stage after it ends closer to consensus.
+    consensus = frame.query("kind == 'consensus'").set_index("step")["loss"]
+    unstaged = run(cfg.replace(strategy="nnt"), progress=False).frame
+    plain = unstaged.query("kind == 'consensus'").set_index("step")["loss"]
+    assert consensus[54] < plain[54]
+
+
+def test_nnt_on_dask_drains_every_message(client):
+    cfg = ExperimentConfig(strategy="nnt", workers=2, model="mlp", **SMALL)
+    res = run(cfg, client=client, progress=False)
+    assert [o["messages_applied"] for o in res.outputs[cfg.label]] == [{1: 20}, {0: 20}]
+    train = res.frame.query("kind == 'train'")
+    assert (train["bytes_sent"] == train["bytes_sent"].iloc[0]).all()
