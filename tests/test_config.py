@@ -68,3 +68,12 @@ def test_round_trip_and_quick():
 def test_label():
     assert ExperimentConfig(workers=2).label == "allreduce-dask-2w"
     assert ExperimentConfig(name="mine").label == "mine"
+
+
+def test_every_implemented_strategy_has_a_registered_program():
+    from scaledl_lab.config import CONTRACT_STRATEGIES, IMPLEMENTED_STRATEGIES
+    from scaledl_lab.strategies import STRATEGIES
+
+    assert sorted(STRATEGIES) == sorted(IMPLEMENTED_STRATEGIES)
+    assert set(IMPLEMENTED_STRATEGIES) <= set(CONTRACT_STRATEGIES)
+    assert all(s.description for s in STRATEGIES.values())

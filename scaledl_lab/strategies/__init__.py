@@ -49,19 +49,8 @@ register(
 )
 
 
-def _load_families() -> None:
-    # Each family module registers its strategies on import.
-    import importlib
-
-    for module in ("parameter_server", "hogwild", "nnt", "gossip", "local_sgd", "easgd"):
-        try:
-            importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{module}":
-                raise
-
-
-_load_families()
+# Each family module registers its strategies on import (they need register() above).
+from . import easgd, gossip, hogwild, local_sgd, nnt, parameter_server  # noqa: E402, F401
 
 DESCRIPTIONS: dict[str, str] = {name: s.description for name, s in STRATEGIES.items()}
 
