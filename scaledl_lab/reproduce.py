@@ -36,6 +36,7 @@ SIM_WORKERS = 16
 TORUS = "torus:4x4"
 STRAGGLER = "slow:5:4"  # rank 5 takes four times as long per step
 PS_SERVERS = 8  # the paper's baseline: 16 workers and 8 servers
+MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Setting:
     network: str = "10gbe"
 
 
-QUICK = Setting("fashion-mnist", "mlp", 3, 64, "adam", 1e-3, 0.0, None, 2)
+QUICK = Setting("fashion-mnist", "mlp", 2, 64, "adam", 1e-3, 0.0, None, 2)
 FULL = Setting("cifar10", "resnet18", 100, 128, "adagrad", 0.01, 1e-4, None, 16)
 
 
@@ -246,11 +247,11 @@ def verdicts(table: pd.DataFrame) -> list[str]:
             "NNT, linear at a server)."
         )
     if sync is not None and nnt_t is not None and ps_sync is not None:
-        faster = nnt_t["time_per_epoch_s"] < min(
-            sync["time_per_epoch_s"], ps_sync["time_per_epoch_s"]
-        )
+        best_global = min(sync["time_per_epoch_s"], ps_sync["time_per_epoch_s"])
+        faster = nnt_t["time_per_epoch_s"] < (1 - MARGIN) * best_global
         out.append(
-            f"- NNT trains faster per epoch than the global patterns: {mark(faster)} — time per "
+            f"- NNT trains faster per epoch than the global patterns (by more than "
+            f"{MARGIN:.0%}): {mark(faster)} — time per "
             f"epoch NNT torus {nnt_t['time_per_epoch_s']:.2f} s, allreduce "
             f"{sync['time_per_epoch_s']:.2f} s, PS sync {ps_sync['time_per_epoch_s']:.2f} s "
             f"(simulated, {SIM_WORKERS} workers)."
@@ -258,7 +259,7 @@ def verdicts(table: pd.DataFrame) -> list[str]:
     s_sync, s_nnt = row("allreduce", strag), row("nnt-torus", strag)
     s_async = row("ps-async", strag)
     if s_sync is not None and s_nnt is not None:
-        ok = s_nnt["straggler_slowdown"] < s_sync["straggler_slowdown"]
+        ok = s_nnt["straggler_slowdown"] < (1 - MARGIN) * s_sync["straggler_slowdown"]
         out.append(
             f"- NNT is not coupled to the slowest worker the way synchronous SGD is: {mark(ok)} — "
             f"one worker 4× slower stretches an epoch ×{s_sync['straggler_slowdown']:.2f} for "
