@@ -70,7 +70,7 @@ def connect(
         client = Client(cluster)
         try:
             if log and dashboard:
-                log(f"Dask dashboard: {client.dashboard_link}")
+                log(f"Dask dashboard: {client.dashboard_link} ({workers} local workers)")
             yield client
         finally:
             client.close()

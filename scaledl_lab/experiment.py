@@ -234,7 +234,9 @@ def compare(
     if client is not None or all(c.runtime == "sim" for c in configs):
         execute(client)
     else:
-        with connect(max(c.workers for c in configs), address, log=log) as own_client:
+        # Only the real runs need processes: sim workers all live in this one.
+        real = max(c.workers for c in configs if c.runtime != "sim")
+        with connect(real, address, log=log) as own_client:
             execute(own_client)
     results = Results(frame=to_frame(rows), configs=configs, outputs=outputs, timelines=timelines)
     if out_dir:

@@ -56,3 +56,21 @@ def test_report_from_a_small_run(client, tmp_path):
         assert 0.0 < row["test_acc_best_worker"] <= 1.0, run
         assert row["time_per_epoch_s"] > 0, run
         assert math.isnan(row["straggler_slowdown"]) != ("straggler" in run)
+
+
+def test_the_embedded_cluster_is_sized_for_the_real_runs_only():
+    from scaledl_lab import ExperimentConfig, compare
+
+    small = dict(
+        model="mlp", train_subset=640, test_subset=100, val_size=100, batch_size=16, max_steps=2
+    )
+    messages: list[str] = []
+    compare(
+        [
+            ExperimentConfig(strategy="allreduce", workers=1, **small),
+            ExperimentConfig(strategy="allreduce", runtime="sim", workers=16, **small),
+        ],
+        progress=False,
+        log=messages.append,
+    )
+    assert any("(1 local workers)" in m for m in messages), messages
