@@ -243,8 +243,8 @@ def verdicts(table: pd.DataFrame) -> list[str]:
             f"grows with the workers: NNT torus sends {nnt_t['bytes_per_worker_step'] / 2**20:.1f} "
             f"MiB per worker per step (4 neighbours); the busiest of {PS_SERVERS} PS servers "
             f"moves {ps_sync['server_bytes_per_round'] / 2**20:.1f} MiB per round of "
-            f"{SIM_WORKERS} steps. See `scaledl-lab` tests for the sweep over N (constant for "
-            "NNT, linear at a server)."
+            f"{SIM_WORKERS} steps (tests/test_communication_scaling.py sweeps N = 4 … 64: "
+            "constant per NNT worker, linear at a server)."
         )
     if sync is not None and nnt_t is not None and ps_sync is not None:
         best_global = min(sync["time_per_epoch_s"], ps_sync["time_per_epoch_s"])
