@@ -33,6 +33,7 @@ from . import Strategy, register
 from .gossip import (
     is_boundary,
     load_state_vector,
+    local_batches,
     local_gradient,
     log_consensus,
     log_train,
@@ -101,35 +102,30 @@ async def train(ctx: WorkerContext) -> None:
         await comm.call(0, "init", state_vector(model))
     await ctx.evaluate_shared(centre_model, epoch=0.0, step=0)
     step = 0
-    for epoch in range(cfg.epochs):
-        for x, y in ctx.batches(epoch):
-            sent_before = comm.bytes_sent
-            loss, correct = await local_gradient(
-                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=True
-            )
-            step += 1
-            if step % cfg.sync_period == 0:
-                mine = state_vector(model)
-                if is_async:
-                    mine -= await comm.call(0, "elastic", mine)
-                else:
-                    await elastic_sync(comm, mine, centre, alpha)
-                load_state_vector(model, mine)
-            log_train(
-                ctx,
-                step=step,
-                loss=loss,
-                correct=correct,
-                samples=len(y),
-                sent=comm.bytes_sent - sent_before,
-                lr=optimizer.param_groups[0]["lr"],
-            )
-            if step < last and is_boundary(ctx, step, last):
-                await _evaluate_centre(ctx, centre_model, centre, step, is_async)
-            if step >= last:
-                break
-        if step >= last:
-            break
+    for epoch, x, y in local_batches(ctx, last):
+        sent_before = comm.bytes_sent
+        loss, correct = await local_gradient(
+            ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=True
+        )
+        step += 1
+        if step % cfg.sync_period == 0:
+            mine = state_vector(model)
+            if is_async:
+                mine -= await comm.call(0, "elastic", mine)
+            else:
+                await elastic_sync(comm, mine, centre, alpha)
+            load_state_vector(model, mine)
+        log_train(
+            ctx,
+            step=step,
+            loss=loss,
+            correct=correct,
+            samples=len(y),
+            sent=comm.bytes_sent - sent_before,
+            lr=optimizer.param_groups[0]["lr"],
+        )
+        if step < last and is_boundary(ctx, step, last):
+            await _evaluate_centre(ctx, centre_model, centre, step, is_async)
     if is_async:
         await comm.barrier()  # every worker's last elastic update has reached the centre
         centre = await comm.call(0, "weights")

@@ -29,6 +29,7 @@ Rows: ``kind="train"`` per worker per step (``bytes_sent`` of that step); at eac
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,6 +77,19 @@ def total_steps(ctx: WorkerContext) -> int:
     """Steps every worker takes: all shards have the same length, so this is the same on all."""
     steps = ctx.config.epochs * ctx.steps_per_epoch
     return min(steps, ctx.config.max_steps) if ctx.config.max_steps is not None else steps
+
+
+def local_batches(
+    ctx: WorkerContext, last: int
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """``(epoch, x, y)`` of this worker's first ``last`` mini-batches, epoch after epoch."""
+    taken = 0
+    for epoch in range(ctx.config.epochs):
+        for x, y in ctx.batches(epoch):
+            if taken >= last:
+                return
+            taken += 1
+            yield epoch, x, y
 
 
 def is_boundary(ctx: WorkerContext, step: int, last: int) -> bool:
@@ -294,32 +308,27 @@ async def train_dpsgd(ctx: WorkerContext) -> None:
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
     step = 0
-    for epoch in range(cfg.epochs):
-        for x, y in ctx.batches(epoch):
-            sent_before = comm.bytes_sent
-            # Send x_i to the neighbours, and compute ∇F_i(x_i) while the weights travel.
-            exchange = GossipRound(comm, state_vector(model), spec)
-            loss, correct = await local_gradient(
-                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
-            )
-            load_state_vector(model, await exchange.finish())
-            optimizer.step()  # x_i ← Σ_j W_ij x_j − lr·∇F_i(x_i, old)
-            step += 1
-            log_train(
-                ctx,
-                step=step,
-                loss=loss,
-                correct=correct,
-                samples=len(y),
-                sent=comm.bytes_sent - sent_before,
-                lr=optimizer.param_groups[0]["lr"],
-            )
-            if is_boundary(ctx, step, last):
-                scores = await epoch_end(ctx, model, step)
-            if step >= last:
-                break
-        if step >= last:
-            break
+    for epoch, x, y in local_batches(ctx, last):
+        sent_before = comm.bytes_sent
+        # Send x_i to the neighbours, and compute ∇F_i(x_i) while the weights travel.
+        exchange = GossipRound(comm, state_vector(model), spec)
+        loss, correct = await local_gradient(
+            ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
+        )
+        load_state_vector(model, await exchange.finish())
+        optimizer.step()  # x_i ← Σ_j W_ij x_j − lr·∇F_i(x_i, old)
+        step += 1
+        log_train(
+            ctx,
+            step=step,
+            loss=loss,
+            correct=correct,
+            samples=len(y),
+            sent=comm.bytes_sent - sent_before,
+            lr=optimizer.param_groups[0]["lr"],
+        )
+        if is_boundary(ctx, step, last):
+            scores = await epoch_end(ctx, model, step)
     await finish_decentralised(ctx, model, scores)
 
 
@@ -421,45 +430,40 @@ async def train_adpsgd(ctx: WorkerContext) -> None:
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
     step = 0
-    for epoch in range(cfg.epochs):
-        for x, y in ctx.batches(epoch):
-            sent_before = comm.bytes_sent
-            if active and schedule:
-                partner = schedule[step]
-                mine = state_vector(model)
-                reply = torch.empty_like(mine)
-                incoming = comm.irecv(reply, partner)  # posted before asking
-                request = comm.isend(mine, partner)
-                loss, correct = await local_gradient(
-                    ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
-                )
-                load_state_vector(model, (mine + await incoming.wait()) / 2)
-                await request.wait()
-            else:
-                loss, correct = await local_gradient(
-                    ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
-                )
-                if passive is not None:
-                    passive.serve_ready()
-            optimizer.step()  # the gradient taken at the weights before averaging
-            step += 1
-            if passive is not None and is_boundary(ctx, step, last):
-                await passive.serve_until(step)  # before the collectives of the boundary
-            log_train(
-                ctx,
-                step=step,
-                loss=loss,
-                correct=correct,
-                samples=len(y),
-                sent=comm.bytes_sent - sent_before,
-                lr=optimizer.param_groups[0]["lr"],
+    for epoch, x, y in local_batches(ctx, last):
+        sent_before = comm.bytes_sent
+        if active and schedule:
+            partner = schedule[step]
+            mine = state_vector(model)
+            reply = torch.empty_like(mine)
+            incoming = comm.irecv(reply, partner)  # posted before asking
+            request = comm.isend(mine, partner)
+            loss, correct = await local_gradient(
+                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
             )
-            if is_boundary(ctx, step, last):
-                scores = await epoch_end(ctx, model, step)
-            if step >= last:
-                break
-        if step >= last:
-            break
+            load_state_vector(model, (mine + await incoming.wait()) / 2)
+            await request.wait()
+        else:
+            loss, correct = await local_gradient(
+                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
+            )
+            if passive is not None:
+                passive.serve_ready()
+        optimizer.step()  # the gradient taken at the weights before averaging
+        step += 1
+        if passive is not None and is_boundary(ctx, step, last):
+            await passive.serve_until(step)  # before the collectives of the boundary
+        log_train(
+            ctx,
+            step=step,
+            loss=loss,
+            correct=correct,
+            samples=len(y),
+            sent=comm.bytes_sent - sent_before,
+            lr=optimizer.param_groups[0]["lr"],
+        )
+        if is_boundary(ctx, step, last):
+            scores = await epoch_end(ctx, model, step)
     await finish_decentralised(ctx, model, scores)
 
 

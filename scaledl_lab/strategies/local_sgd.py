@@ -21,6 +21,7 @@ from .gossip import (
     finish_decentralised,
     is_boundary,
     load_state_vector,
+    local_batches,
     local_gradient,
     log_train,
     state_vector,
@@ -44,30 +45,25 @@ async def train(ctx: WorkerContext) -> None:
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
     step = 0
-    for epoch in range(cfg.epochs):
-        for x, y in ctx.batches(epoch):
-            sent_before = comm.bytes_sent
-            loss, correct = await local_gradient(
-                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=True
-            )
-            step += 1
-            if step % cfg.sync_period == 0 or step >= last:
-                await average_models(ctx, model)
-            log_train(
-                ctx,
-                step=step,
-                loss=loss,
-                correct=correct,
-                samples=len(y),
-                sent=comm.bytes_sent - sent_before,
-                lr=optimizer.param_groups[0]["lr"],
-            )
-            if is_boundary(ctx, step, last):
-                scores = await epoch_end(ctx, model, step)
-            if step >= last:
-                break
-        if step >= last:
-            break
+    for epoch, x, y in local_batches(ctx, last):
+        sent_before = comm.bytes_sent
+        loss, correct = await local_gradient(
+            ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=True
+        )
+        step += 1
+        if step % cfg.sync_period == 0 or step >= last:
+            await average_models(ctx, model)
+        log_train(
+            ctx,
+            step=step,
+            loss=loss,
+            correct=correct,
+            samples=len(y),
+            sent=comm.bytes_sent - sent_before,
+            lr=optimizer.param_groups[0]["lr"],
+        )
+        if is_boundary(ctx, step, last):
+            scores = await epoch_end(ctx, model, step)
     await finish_decentralised(ctx, model, scores)
 
 

@@ -55,6 +55,7 @@ from .gossip import (
     grad_vector,
     is_boundary,
     load_state_vector,
+    local_batches,
     local_gradient,
     log_train,
     state_vector,
@@ -160,48 +161,41 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
     step = 0
-    for epoch in range(cfg.epochs):
-        for x, y in ctx.batches(epoch):
-            sent_before = comm.bytes_sent
-            optimizer = holder["optimizer"]
-            loss, correct = await local_gradient(
-                ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
-            )
-            gradient = grad_vector(params)
-            optimizer.step()
-            await outbox.send(gradient)
-            step += 1
-            final = step >= last
-            # Receiving: at the end every remaining message; otherwise what has arrived,
-            # waiting only to stay within ``lead`` steps of each neighbour.
-            need = last if final else step - lead
-            applied = await inbox.drain(apply, need=need, greedy=not lockstep and not final)
-            if final:
-                await outbox.flush()  # no message is left in flight
-            staleness = sum(step - 1 - m for m in applied) / len(applied) if applied else math.nan
-            log_train(
-                ctx,
-                step=step,
-                loss=loss,
-                correct=correct,
-                samples=len(y),
-                sent=comm.bytes_sent - sent_before,
-                lr=optimizer.param_groups[0]["lr"],
-                staleness=staleness,
-            )
-            if is_boundary(ctx, step, last):
-                restart = (
-                    staged and not final and (step // ctx.steps_per_epoch) % cfg.stage_epochs == 0
-                )
-                if restart:
-                    await inbox.drain(apply, need=step, greedy=False)  # the whole stage
-                scores = await epoch_end(ctx, model, step)
-                if restart:
-                    await _restart_from_best(ctx, model, holder, scores)
-            if final:
-                break
-        if step >= last:
-            break
+    for epoch, x, y in local_batches(ctx, last):
+        sent_before = comm.bytes_sent
+        optimizer = holder["optimizer"]
+        loss, correct = await local_gradient(
+            ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
+        )
+        gradient = grad_vector(params)
+        optimizer.step()
+        await outbox.send(gradient)
+        step += 1
+        final = step >= last
+        # Receiving: at the end every remaining message; otherwise what has arrived,
+        # waiting only to stay within ``lead`` steps of each neighbour.
+        need = last if final else step - lead
+        applied = await inbox.drain(apply, need=need, greedy=not lockstep and not final)
+        if final:
+            await outbox.flush()  # no message is left in flight
+        staleness = sum(step - 1 - m for m in applied) / len(applied) if applied else math.nan
+        log_train(
+            ctx,
+            step=step,
+            loss=loss,
+            correct=correct,
+            samples=len(y),
+            sent=comm.bytes_sent - sent_before,
+            lr=optimizer.param_groups[0]["lr"],
+            staleness=staleness,
+        )
+        if is_boundary(ctx, step, last):
+            restart = staged and not final and (step // ctx.steps_per_epoch) % cfg.stage_epochs == 0
+            if restart:
+                await inbox.drain(apply, need=step, greedy=False)  # the whole stage
+            scores = await epoch_end(ctx, model, step)
+            if restart:
+                await _restart_from_best(ctx, model, holder, scores)
     ctx.result["messages_applied"] = dict(inbox.count)  # T from every neighbour
     await finish_decentralised(ctx, model, scores)
 
