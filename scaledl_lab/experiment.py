@@ -169,10 +169,13 @@ def check_data(cfg: ExperimentConfig) -> None:
         )
 
 
+def _steps_per_epoch(cfg: ExperimentConfig) -> int:
+    return (len(load_for(cfg).train) // cfg.workers) // cfg.batch_size
+
+
 def total_steps(cfg: ExperimentConfig) -> int:
     """How many steps each worker will take (for progress bars)."""
-    per_worker = len(load_for(cfg).train) // cfg.workers
-    steps = cfg.epochs * (per_worker // cfg.batch_size)
+    steps = cfg.epochs * _steps_per_epoch(cfg)
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
@@ -210,12 +213,19 @@ def compare(
         for cfg, label in zip(configs, labels, strict=False):
             bar = _progress_bar(cfg, label) if progress else None
 
-            def collect(batch: list[dict[str, Any]], bar: Any = bar) -> None:
+            def collect(
+                batch: list[dict[str, Any]], bar: Any = bar, cfg: ExperimentConfig = cfg
+            ) -> None:
                 rows.extend(batch)
                 if append:
                     append(batch)
                 if bar is not None:
-                    bar.update(sum(r["kind"] == "train" and r["rank"] == 0 for r in batch))
+                    # Progress in epochs (global progress for asynchronous methods, where
+                    # ranks take different numbers of steps), shown in steps per worker.
+                    epochs = [r["epoch"] for r in batch if r["kind"] == "train"]
+                    if epochs:
+                        done = min(round(max(epochs) * _steps_per_epoch(cfg)), bar.total)
+                        bar.update(max(0, done - bar.n))
                 if on_rows:
                     on_rows(batch)
 
