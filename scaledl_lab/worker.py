@@ -67,6 +67,16 @@ def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
     return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's gradient, or zeros where backward gave it none."""
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
+    """All parameter gradients flattened into one new tensor (zeros where there is none)."""
+    return torch.cat([grad_or_zeros(p).reshape(-1) for p in params])
+
+
 def check_finite(loss: float, *, rank: int, epoch: int, step: int) -> None:
     """Stop a diverged run with a recorded reason rather than training on NaNs."""
     if not math.isfinite(loss):

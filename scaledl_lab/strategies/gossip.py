@@ -66,13 +66,6 @@ def load_state_vector(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
 
 
-def grad_vector(params: list[nn.Parameter]) -> torch.Tensor:
-    """All parameter gradients, flattened into one new tensor (zeros where there is none)."""
-    return torch.cat(
-        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-    )
-
-
 def total_steps(ctx: WorkerContext) -> int:
     """Steps every worker takes: all shards have the same length, so this is the same on all."""
     steps = ctx.config.epochs * ctx.steps_per_epoch

@@ -47,12 +47,11 @@ from torch import nn
 
 from .. import topology
 from ..runtime.base import Comm, Incoming, Pending
-from ..worker import WorkerContext
+from ..worker import WorkerContext, flat_grad
 from . import Strategy, register
 from .gossip import (
     epoch_end,
     finish_decentralised,
-    grad_vector,
     is_boundary,
     load_state_vector,
     local_batches,
@@ -167,7 +166,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
         loss, correct = await local_gradient(
             ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
         )
-        gradient = grad_vector(params)
+        gradient = flat_grad(params)
         optimizer.step()
         await outbox.send(gradient)
         step += 1

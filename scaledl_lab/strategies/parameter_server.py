@@ -32,7 +32,7 @@ from torch import nn
 from ..config import ExperimentConfig
 from ..models import build_model
 from ..runtime.base import NOT_READY, Row, ServerSpec
-from ..worker import WorkerContext, check_finite, load_for, make_optimizer
+from ..worker import WorkerContext, check_finite, flat_grad, load_for, make_optimizer
 from . import Strategy, register
 
 # strategy -> server mode
@@ -284,12 +284,6 @@ class Shards:
         return sum(r[0] for r in replies) / len(replies)
 
 
-def _flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
-    return torch.cat(
-        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-    )
-
-
 def _batches_forever(ctx: WorkerContext):
     """This worker's batches, epoch after epoch (an async worker draws until the run ends)."""
     epoch = 0
@@ -326,7 +320,7 @@ async def train(ctx: WorkerContext) -> None:
             out = model(x)
             loss = F.cross_entropy(out, y)
             loss.backward()
-            grad = _flat_grad(shards.params)
+            grad = flat_grad(shards.params)
             accumulated = grad if accumulated is None else accumulated + grad
             if n_fetch > 1 or n_push > 1:  # Downpour: the replica steps on its own in between
                 with torch.no_grad():

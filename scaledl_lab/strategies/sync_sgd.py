@@ -15,11 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.base import Comm, Pending, Row
-from ..worker import WorkerContext, check_finite
-
-
-def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
+from ..worker import WorkerContext, check_finite, flat_grad, grad_or_zeros
 
 
 def _scatter_back(flat: torch.Tensor, params: list[nn.Parameter], world_size: int) -> None:
@@ -44,7 +40,7 @@ class NaiveAllreduce:
 
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
         """Average gradients in place; return ``stats`` summed over the workers."""
-        grads = [_grad_or_zeros(p).reshape(-1) for p in self.params]
+        grads = [grad_or_zeros(p).reshape(-1) for p in self.params]
         flat = torch.cat(grads + [stats.to(grads[0].dtype)])
         await self.comm.allreduce(flat)
         summed = flat[-len(stats) :].to(stats.dtype)
@@ -82,7 +78,7 @@ class BucketedAllreduce:
             self._launch(b)
 
     def _launch(self, b: int) -> None:
-        flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in self.buckets[b]])
+        flat = flat_grad(self.buckets[b])
         self._pending[b] = self.comm.allreduce_start(flat)
 
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
