@@ -213,8 +213,10 @@ def compare(
         for cfg, label in zip(configs, labels, strict=False):
             bar = _progress_bar(cfg, label) if progress else None
 
+            per_epoch = _steps_per_epoch(cfg) if bar is not None else 0
+
             def collect(
-                batch: list[dict[str, Any]], bar: Any = bar, cfg: ExperimentConfig = cfg
+                batch: list[dict[str, Any]], bar: Any = bar, per_epoch: int = per_epoch
             ) -> None:
                 rows.extend(batch)
                 if append:
@@ -224,7 +226,7 @@ def compare(
                     # ranks take different numbers of steps), shown in steps per worker.
                     epochs = [r["epoch"] for r in batch if r["kind"] == "train"]
                     if epochs:
-                        done = min(round(max(epochs) * _steps_per_epoch(cfg)), bar.total)
+                        done = min(round(max(epochs) * per_epoch), bar.total)
                         bar.update(max(0, done - bar.n))
                 if on_rows:
                     on_rows(batch)

@@ -106,11 +106,8 @@ class _ActorCall(Pending):
         try:
             return self.future.result(timeout=self.comm.timeout_s)
         except Exception as exc:  # a dead host: OSError, CommClosedError or the timeout
-            address = self.comm.server_addresses[self.server]
-            raise ServerLostError(
-                f"server {self.server} on worker {address} did not answer within "
-                f"{self.comm.timeout_s:g} s ({type(exc).__name__}: {exc}); the run cannot "
-                "go on without it"
+            raise self.comm.server_lost(
+                self.server, f"did not answer within {self.comm.timeout_s:g} s", exc
             ) from None
 
 
@@ -182,11 +179,14 @@ class TorchComm(Comm):
         try:
             future = self.servers[server].call(method, args)
         except Exception as exc:  # the actor's worker is already gone
-            raise ServerLostError(
-                f"server {server} on worker {self.server_addresses[server]} is gone "
-                f"({type(exc).__name__}: {exc}); the run cannot go on without it"
-            ) from None
+            raise self.server_lost(server, "is gone", exc) from None
         return _ActorCall(self, server, future)
+
+    def server_lost(self, server: int, what: str, exc: Exception) -> ServerLostError:
+        return ServerLostError(
+            f"server {server} on worker {self.server_addresses[server]} {what} "
+            f"({type(exc).__name__}: {exc}); the run cannot go on without it"
+        )
 
     async def shared_tensor(self, name: str, init: torch.Tensor) -> torch.Tensor:
         hosts = [None] * self.world_size

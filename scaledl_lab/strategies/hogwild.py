@@ -17,7 +17,7 @@ from torch import nn
 from ..runtime.base import Row
 from ..worker import WorkerContext, check_finite
 from . import Strategy, register
-from .parameter_server import steps_per_epoch_of
+from .parameter_server import global_target, steps_per_epoch_of
 
 
 def share_parameters(model: nn.Module, flat: torch.Tensor) -> None:
@@ -33,15 +33,6 @@ def share_parameters(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
 
 
-def hogwild_target(ctx: WorkerContext) -> int:
-    """Updates a run applies in all: as many gradients as synchronous SGD computes."""
-    cfg = ctx.config
-    per_worker = cfg.epochs * steps_per_epoch_of(cfg)
-    if cfg.max_steps is not None:
-        per_worker = min(per_worker, cfg.max_steps)
-    return per_worker * ctx.world_size
-
-
 async def train(ctx: WorkerContext) -> None:
     """The program one worker runs: read shared weights, compute a gradient, write in place."""
     cfg, comm = ctx.config, ctx.comm
@@ -51,7 +42,7 @@ async def train(ctx: WorkerContext) -> None:
     counts = await comm.shared_tensor("updates", torch.zeros(ctx.world_size, dtype=torch.float64))
     share_parameters(model, flat)
     optimizer = ctx.build_optimizer(model)
-    target = hogwild_target(ctx)
+    target = global_target(cfg, steps_per_epoch_of(cfg))  # as many as sync SGD computes
     per_epoch = steps_per_epoch_of(cfg) * ctx.world_size
     others = [r for r in range(ctx.world_size) if r != ctx.rank]
 
