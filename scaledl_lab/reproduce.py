@@ -31,6 +31,7 @@ import pandas as pd
 from .config import ExperimentConfig, quick
 from .experiment import Results, compare
 from .plots import throughput
+from .strategies.nnt import best_worker
 
 SIM_WORKERS = 16
 TORUS = "torus:4x4"
@@ -123,17 +124,13 @@ def paper_configs(is_quick: bool, setting: Setting | None = None) -> list[Experi
 def final_scores(rows: pd.DataFrame) -> dict[str, float]:
     """Test accuracy of the worker best on *validation* at the last evaluation, plus the
     mean and spread (max − min) of the workers' test accuracies there."""
-    evals = rows[rows["kind"].isin(["val", "test"])]
-    if evals.empty:
+    if not (rows["kind"] == "val").any():
         return {"best": math.nan, "mean": math.nan, "spread": math.nan}
-    last = evals[evals["epoch"] == evals["epoch"].max()]
-    test = last[last["kind"] == "test"].set_index("rank")["accuracy"]
-    val = last[last["kind"] == "val"].set_index("rank")["accuracy"]
-    best = test.get(val.idxmax(), math.nan) if len(val) else test.max()
+    s = best_worker(rows)
     return {
-        "best": float(best),
-        "mean": float(test.mean()),
-        "spread": float(test.max() - test.min()),
+        "best": float(s["best_test_accuracy"]),
+        "mean": float(s["mean_test_accuracy"]),
+        "spread": float(s["max_test_accuracy"] - s["min_test_accuracy"]),
     }
 
 
