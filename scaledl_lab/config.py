@@ -310,10 +310,21 @@ def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:
 
 
 def quick(cfg: ExperimentConfig) -> ExperimentConfig:
-    """The quick-mode version of a config: a data subset and at most two epochs, same code path."""
+    """The quick-mode version of a config: a data subset and at most two epochs, same code path.
+
+    The subsets never exceed the dataset as published (MNIST-1D has 4000 test samples); a
+    smaller copy on disk (a fixture) needs explicit subsets, which quick mode keeps.
+    """
+    from .data import standard_sizes
+
+    val_size = min(cfg.val_size, QUICK_VAL)
+    n_train, n_test = standard_sizes(cfg.dataset)
     return cfg.replace(
         epochs=min(cfg.epochs, 2),
-        train_subset=min(cfg.train_subset or 10_000, 10_000),
-        test_subset=min(cfg.test_subset or 5_000, 5_000),
-        val_size=min(cfg.val_size, 2_000),
+        train_subset=min(cfg.train_subset or QUICK_TRAIN, QUICK_TRAIN, n_train - val_size),
+        test_subset=min(cfg.test_subset or QUICK_TEST, QUICK_TEST, n_test),
+        val_size=val_size,
     )
+
+
+QUICK_TRAIN, QUICK_TEST, QUICK_VAL = 10_000, 5_000, 2_000

@@ -9,7 +9,15 @@ from .base import (
     verify_sha256,
 )
 from .cifar10 import write_cifar10_fixture
-from .registry import DATASETS, dataset_info, fetch, load_dataset, locate, search_dirs
+from .registry import (
+    DATASETS,
+    dataset_info,
+    fetch,
+    load_dataset,
+    locate,
+    search_dirs,
+    standard_sizes,
+)
 from .sharding import SHARDINGS, epoch_batches, shard_indices, steps_per_epoch
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "search_dirs",
     "sha256_file",
     "shard_indices",
+    "standard_sizes",
     "steps_per_epoch",
     "verify_sha256",
     "write_cifar10_fixture",

@@ -67,6 +67,12 @@ _SIZES = {  # train (before the val split), test, per-sample shape, download siz
 }
 
 
+def standard_sizes(name: str) -> tuple[int, int]:
+    """(training samples before the validation split, test samples) of a dataset as published."""
+    n_train, n_test, _, _ = _SIZES[_canonical(name)]
+    return n_train, n_test
+
+
 def _canonical(name: str) -> str:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)

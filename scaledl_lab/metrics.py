@@ -1,0 +1,98 @@
+"""The tidy metrics table: its columns (each means one thing), its rows, and per-worker summaries.
+
+Every run records one row per worker per step or evaluation. Columns:
+
+- ``run``, ``strategy``, ``runtime``, ``world_size``: which run the row belongs to;
+- ``rank``: the worker (hosted servers: ``world_size + index``);
+- ``kind``: ``train`` (one local step), ``val``/``test`` (an evaluation of the row's model on a
+  whole split), ``consensus`` (decentralised runs: how far the replicas are from their average),
+  ``server`` (one per hosted server at the end of a run), ``worker-lost`` (a worker died and the
+  run went on without it);
+- ``epoch`` (progress in epochs: local for synchronous and decentralised methods, global for
+  asynchronous ones), ``step`` (local steps taken), ``time`` (seconds since the start:
+  wall-clock on Dask, virtual on the simulator);
+- ``loss``, ``accuracy``, ``samples``: of the mini-batch (train) or of the split (val/test);
+- ``bytes_sent``: what this worker (or server) sent for that row; ``bytes_received``: servers;
+- ``staleness``: asynchronous methods, the age in updates of what was applied;
+- ``lr``: the learning rate of that step;
+- ``value``: the kind-specific measure of rows that have one (consensus: the consensus
+  distance (1/N) Σ_i ||x_i − x̄||²);
+- ``calls``: servers, the calls they answered.
+
+Columns a row has no value for are NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+METRIC_COLUMNS: tuple[str, ...] = (
+    "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
+    "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
+    "value", "calls",
+)  # fmt: skip
+
+NAN = float("nan")
+
+
+@dataclass
+class Row:
+    """One line of the metrics table, less the run's identity (see :func:`record`)."""
+
+    kind: str
+    epoch: float
+    step: int
+    time: float
+    loss: float = NAN
+    accuracy: float = NAN
+    samples: int = 0
+    bytes_sent: int = 0
+    staleness: float = NAN
+    lr: float = NAN
+    bytes_received: float = NAN
+    value: float = NAN
+    calls: float = NAN
+
+
+def record(
+    row: Row, *, run: str, strategy: str, runtime: str, world_size: int, rank: int
+) -> dict[str, Any]:
+    """The table record of ``row`` for worker ``rank`` of a run."""
+    out: dict[str, Any] = {
+        "run": run,
+        "strategy": strategy,
+        "runtime": runtime,
+        "world_size": world_size,
+        "rank": rank,
+    }
+    out.update(asdict(row))
+    return out
+
+
+def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The tidy table, columns in the documented order."""
+    return pd.DataFrame(list(rows), columns=list(METRIC_COLUMNS))
+
+
+def summarise_workers(val: list[float], test: list[float]) -> dict[str, Any]:
+    """Best worker on validation (NaN counts as worst; lowest rank on ties), its test accuracy,
+    and the mean and spread of the workers' test accuracies. The one best-on-validation rule:
+    decentralised workers apply it at the end of a run, the analysis applies it to tables."""
+    ranked = [v if not math.isnan(v) else -math.inf for v in val]
+    best = max(range(len(val)), key=lambda r: (ranked[r], -r))
+    t = torch.tensor(test, dtype=torch.float64)
+    return {
+        "worker_val_accuracy": list(val),
+        "worker_test_accuracy": list(test),
+        "best_rank": best,
+        "best_test_accuracy": test[best],
+        "mean_test_accuracy": float(t.mean()),
+        "std_test_accuracy": float(t.std(unbiased=False)),
+        "min_test_accuracy": float(t.min()),
+        "max_test_accuracy": float(t.max()),
+    }
