@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.cluster import connect
 from scaledl_lab.data import epoch_batches, shard_indices
+from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
-from scaledl_lab.runtime.dask import run_dask
 from scaledl_lab.worker import load_for, make_optimizer
 
 WARMUP = 10
@@ -64,7 +64,7 @@ def updates_per_second(rows: list[dict]) -> float:
 def dask_rate(client, strategy: str, workers: int, model: str, batch: int, steps: int) -> float:
     cfg = _config(strategy, workers, model, batch, steps)
     rows: list[dict] = []
-    run_dask(client, cfg, cfg.label, rows.extend)
+    execute(cfg, cfg.label, rows.extend, client=client)
     return updates_per_second(rows)
 
 

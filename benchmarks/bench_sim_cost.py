@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.data import epoch_batches, shard_indices
+from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.memory import keep_freed_memory
-from scaledl_lab.runtime.sim import run_sim
 from scaledl_lab.worker import load_for
 
 
@@ -46,7 +46,7 @@ def plain_gradients(cfg: ExperimentConfig) -> float:
 
 def simulated(cfg: ExperimentConfig) -> float:
     start = time.perf_counter()
-    run_sim(cfg, cfg.label, lambda rows: None)
+    execute(cfg, cfg.label, lambda rows: None)
     return time.perf_counter() - start
 
 

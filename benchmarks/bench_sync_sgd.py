@@ -26,8 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.cluster import connect
 from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
+from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
-from scaledl_lab.runtime.dask import run_dask
 from scaledl_lab.runtime.memory import keep_freed_memory
 
 WARMUP = 10
@@ -102,7 +102,7 @@ def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -
         **DATA,
     )
     rows: list[dict] = []
-    run_dask(client, cfg, cfg.label, rows.extend)
+    execute(cfg, cfg.label, rows.extend, client=client)
     rate = 0.0
     for rank in (0, 1):
         times = {r["step"]: r["time"] for r in rows if r["kind"] == "train" and r["rank"] == rank}
@@ -171,9 +171,9 @@ def main() -> None:
             )
 
         cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
-        results = run_dask(
-            client, cfg, "allreduce-bandwidth", lambda rows: None, program=allreduce_program
-        )
+        results = execute(
+            cfg, "allreduce-bandwidth", lambda rows: None, client=client, program=allreduce_program
+        ).results
         print("\nallreduce, 2 workers (gloo): algorithm bandwidth = bytes / time")
         print(
             f"{'size':>8} {'ours ms':>9} {'raw ms':>8} {'ours GB/s':>10} {'raw GB/s':>9} "

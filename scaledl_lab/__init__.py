@@ -1,9 +1,9 @@
 """scaledl_lab: the techniques of "Deep Learning at Scale" (PDP 2019) on Dask and PyTorch."""
 
 from . import plots
-from .config import ConfigError, ExperimentConfig, is_quick, quick
+from .config import ExperimentConfig, is_quick, quick
+from .errors import ConfigError, DivergenceError, RunError, ServerLostError, WorkerLostError
 from .experiment import Results, compare, run
-from .runtime.base import DivergenceError, RunError, ServerLostError, WorkerLostError
 
 __version__ = "0.1.0"
 

@@ -99,9 +99,9 @@ def calibrate_from_runs(
     """
     from .config import ExperimentConfig
     from .cost import allreduce_time
-    from .experiment import to_frame
+    from .launch import execute
+    from .metrics import to_frame
     from .models import count_parameters
-    from .runtime.dask import run_dask
     from .scaling import step_time
 
     shape, classes = SHAPES[model_name]
@@ -120,7 +120,7 @@ def calibrate_from_runs(
             test_subset=100,
         )
         rows: list[dict[str, Any]] = []
-        run_dask(client, cfg, f"calibrate-{model_name}-{batch}", rows.extend)
+        execute(cfg, f"calibrate-{model_name}-{batch}", rows.extend, client=client)
         times.append(max(step_time(to_frame(rows)) - comm, 1e-6))
     (small, large), (t_small, t_large) = batches, times
     per_sample = max((t_large - t_small) / (large - small), 1e-9)
@@ -144,12 +144,13 @@ async def _allreduce_timings(ctx: Any) -> None:
 def calibrate_network(client: Any) -> NetworkProfile:
     """α and β of gloo between the first two workers of ``client``'s cluster."""
     from .config import ExperimentConfig
-    from .runtime.dask import run_dask
+    from .launch import execute
 
     cfg = ExperimentConfig(workers=2, model="mlp", train_subset=1000, test_subset=100, val_size=100)
-    timings = run_dask(
-        client, cfg, "calibrate-network", lambda rows: None, program=_allreduce_timings
-    )[0]
+    outcome = execute(
+        cfg, "calibrate-network", lambda rows: None, client=client, program=_allreduce_timings
+    )
+    timings = outcome.results[0]
     n = np.array(SIZES, dtype=float)
     t = np.array([timings[s] for s in SIZES])
     slope, intercept = np.polyfit(n, t, 1)  # t = n/β + 2α for two workers

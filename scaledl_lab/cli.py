@@ -19,8 +19,8 @@ from .config import (
     quick,
 )
 from .cost import DEVICES, NETWORKS
+from .errors import RunError
 from .models import MODELS
-from .runtime.base import RunError
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 

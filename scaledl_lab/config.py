@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .errors import ConfigError
 from .models import MODELS
 
 # Every strategy name of the user-facing contract. Only those in IMPLEMENTED_STRATEGIES run today;
@@ -67,10 +68,6 @@ _MODEL_DATASETS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and the allowed values."""
-
-
 def _choices(values: tuple[str, ...]) -> str:
     return ", ".join(repr(v) for v in values)
 
@@ -126,7 +123,7 @@ class ExperimentConfig:
     elastic_alpha: float | None = None  # easgd: moving rate (default 0.9 / workers)
     elastic_async: bool = False  # easgd: centre on a hosted server, updated asynchronously
     stage_epochs: int = 1  # nnt-staged: restart everyone from the best worker every k epochs
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    nnt_max_lead: int = 4  # nnt, nnt-staged: steps a worker may run ahead of a neighbour's news
 
     def __post_init__(self) -> None:
         validate(self)
@@ -163,6 +160,8 @@ class ExperimentConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ExperimentConfig:
         known = {f.name for f in dataclasses.fields(cls)}
+        if values.get("extra") == {}:  # results saved before options were typed fields
+            values = {k: v for k, v in values.items() if k != "extra"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown config field(s) {unknown}; allowed: {sorted(known)}")
@@ -249,13 +248,15 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
 
         parse(cfg.topology, cfg.workers)
     if cfg.strategy == "adpsgd" and cfg.workers > 1:
-        from .strategies.gossip import colouring
+        from .topology import colouring
 
         colouring(cfg.resolved_topology, cfg.workers)  # active/passive needs a bipartite graph
     for name in ("servers", "n_fetch", "n_push", "sync_period", "stage_epochs"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{name}={value!r} must be a positive integer")
+    if not isinstance(cfg.nnt_max_lead, int) or cfg.nnt_max_lead < 0:
+        raise ConfigError(f"nnt_max_lead={cfg.nnt_max_lead!r} must be a non-negative integer")
     if not isinstance(cfg.backup_workers, int) or cfg.backup_workers < 0:
         raise ConfigError(f"backup_workers={cfg.backup_workers!r} must be a non-negative integer")
     if cfg.strategy == "backup-workers" and cfg.backup_workers >= cfg.workers:

@@ -13,10 +13,16 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .runtime.base import ring_allreduce_bytes
+
+def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one worker sends in a ring allreduce: reduce-scatter then all-gather, 2(p-1)/p · n."""
+    if world_size <= 1:
+        return 0
+    return int(math.ceil(2 * (world_size - 1) * nbytes / world_size))
 
 
 class CostModelError(ValueError):
@@ -260,4 +266,14 @@ def network_profile(spec: str) -> NetworkProfile:
     raise CostModelError(
         f"network {spec!r} is unknown; allowed: {', '.join(NETWORKS)}, "
         "custom:LATENCY_S:BANDWIDTH_BPS or a calibration .json file"
+    )
+
+
+def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
+    """The cost model a config names (compute profile, network, allreduce, stragglers)."""
+    return CostModel(
+        compute=compute_profile(cfg.compute_profile, cfg.model, flops_per_sample),
+        network=network_profile(cfg.network),
+        allreduce=cfg.allreduce_algorithm,
+        stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed),
     )

@@ -16,23 +16,14 @@ from typing import Any
 
 import pandas as pd
 
-from .config import ConfigError, ExperimentConfig, check_resources
-from .runtime.base import RunError
-from .runtime.dask import run_dask
-from .runtime.sim import Event, run_sim
-from .worker import load_for
+from .config import ExperimentConfig, check_resources
+from .errors import ConfigError, RunError
+from .launch import RowsCallback
+from .launch import execute as execute_run
+from .metrics import METRIC_COLUMNS, to_frame
+from .worker import load_for, steps_per_epoch_of, total_steps
 
-METRIC_COLUMNS: tuple[str, ...] = (
-    "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
-    "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
-)  # fmt: skip
-
-RowsCallback = Callable[[list[dict[str, Any]]], None]
-
-
-def to_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """The tidy table, columns in the documented order."""
-    return pd.DataFrame(list(rows), columns=list(METRIC_COLUMNS))
+__all__ = ["METRIC_COLUMNS", "Results", "compare", "run", "to_frame", "total_steps"]
 
 
 def environment_info() -> dict[str, Any]:
@@ -92,7 +83,7 @@ class Results:
     configs: list[ExperimentConfig]
     outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     out_dir: Path | None = None
-    timelines: dict[str, list[Event]] = field(default_factory=dict)  # sim runs only
+    timelines: dict[str, list[Any]] = field(default_factory=dict)  # sim runs: runtime.sim.Event
 
     def timeline(self, run: str | None = None) -> pd.DataFrame:
         """A sim run's per-worker events (rank, kind, start, end) as a table."""
@@ -169,16 +160,6 @@ def check_data(cfg: ExperimentConfig) -> None:
         )
 
 
-def _steps_per_epoch(cfg: ExperimentConfig) -> int:
-    return (len(load_for(cfg).train) // cfg.workers) // cfg.batch_size
-
-
-def total_steps(cfg: ExperimentConfig) -> int:
-    """How many steps each worker will take (for progress bars)."""
-    steps = cfg.epochs * _steps_per_epoch(cfg)
-    return min(steps, cfg.max_steps) if cfg.max_steps else steps
-
-
 def compare(
     configs: Sequence[ExperimentConfig],
     *,
@@ -207,13 +188,13 @@ def compare(
     append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
     rows: list[dict[str, Any]] = []
     outputs: dict[str, list[dict[str, Any]]] = {}
-    timelines: dict[str, list[Event]] = {}
+    timelines: dict[str, list[Any]] = {}
 
     def execute(client: Any) -> None:
         for cfg, label in zip(configs, labels, strict=False):
             bar = _progress_bar(cfg, label) if progress else None
 
-            per_epoch = _steps_per_epoch(cfg) if bar is not None else 0
+            per_epoch = steps_per_epoch_of(cfg) if bar is not None else 0
 
             def collect(
                 batch: list[dict[str, Any]], bar: Any = bar, per_epoch: int = per_epoch
@@ -232,10 +213,10 @@ def compare(
                     on_rows(batch)
 
             try:
-                if cfg.runtime == "sim":
-                    outputs[label], timelines[label] = run_sim(cfg, label, collect)
-                else:
-                    outputs[label] = run_dask(client, cfg, label, collect)
+                outcome = execute_run(cfg, label, collect, client=client)
+                outputs[label] = outcome.results
+                if outcome.events is not None:
+                    timelines[label] = outcome.events
             except RunError as exc:
                 where = f"; metrics so far are in {out_dir / 'metrics.csv'}" if out_dir else ""
                 raise type(exc)(f"{exc}{where}") from exc

@@ -9,7 +9,8 @@ Every run records one row per worker per step or evaluation. Columns:
   ``server`` (one per hosted server at the end of a run), ``worker-lost`` (a worker died and the
   run went on without it);
 - ``epoch`` (progress in epochs: local for synchronous and decentralised methods, global for
-  asynchronous ones), ``step`` (local steps taken), ``time`` (seconds since the start:
+  asynchronous ones), ``step`` (local steps taken; -1 on ``server`` and ``worker-lost`` rows,
+  which belong to no step), ``time`` (seconds since the start:
   wall-clock on Dask, virtual on the simulator);
 - ``loss``, ``accuracy``, ``samples``: of the mini-batch (train) or of the split (val/test);
 - ``bytes_sent``: what this worker (or server) sent for that row; ``bytes_received``: servers;

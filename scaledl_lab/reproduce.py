@@ -31,7 +31,6 @@ import pandas as pd
 from .config import ExperimentConfig, quick
 from .experiment import Results, compare
 from .plots import throughput
-from .strategies.nnt import best_worker
 
 SIM_WORKERS = 16
 TORUS = "torus:4x4"
@@ -121,6 +120,21 @@ def paper_configs(is_quick: bool, setting: Setting | None = None) -> list[Experi
 # -- the report ------------------------------------------------------------------------------
 
 
+def best_worker(frame: pd.DataFrame, run: str | None = None) -> dict[str, Any]:
+    from .metrics import summarise_workers
+
+    rows = frame if run is None else frame[frame["run"] == run]
+    last = {}
+    for kind in ("val", "test"):
+        evals = rows[rows["kind"] == kind]
+        final = evals[evals["step"] == evals["step"].max()].sort_values("rank")
+        last[kind] = final.set_index("rank")["accuracy"]
+    ranks = sorted(last["val"].index)
+    return summarise_workers(
+        [float(last["val"][r]) for r in ranks], [float(last["test"][r]) for r in ranks]
+    )
+
+
 def final_scores(rows: pd.DataFrame) -> dict[str, float]:
     """Test accuracy of the worker best on *validation* at the last evaluation, plus the
     mean and spread (max − min) of the workers' test accuracies there."""
@@ -202,8 +216,8 @@ def _speedup(results: Results, cfg: ExperimentConfig, rates: pd.Series) -> float
     if cfg.runtime == "dask":
         ones = [c for c in results.configs if c.runtime == "dask" and c.workers == 1]
         return rate / float(rates.get(ones[0].label, math.nan)) if ones else math.nan
+    from .cost import build_cost_model
     from .models import model_flops
-    from .runtime.sim import build_cost_model
     from .worker import load_for
 
     data = load_for(cfg)

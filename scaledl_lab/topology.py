@@ -2,7 +2,8 @@
 
 The paper's nearest-neighbour training (NNT) connects workers in a ring (left and right
 neighbours) or a 2-D torus (height × width, up/down/left/right, wrapping around). Gossip methods
-(D-PSGD) average with the mixing matrix derived from the same graph.
+(D-PSGD) average with the mixing matrix derived from the same graph; asynchronous pairwise
+gossip (AD-PSGD) needs a two-colouring of it and a request schedule, both pure functions here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 
 TOPOLOGIES = ("ring", "torus:HxW", "complete")
 _TORUS = re.compile(r"^torus:(\d+)x(\d+)$")
@@ -112,3 +113,28 @@ def diameter(spec: str, workers: int) -> int:
             frontier = nxt
         best = max(best, max(dist.values()))
     return best
+
+
+def colouring(spec: str, workers: int) -> list[int]:
+    """A two-colouring (0 = active, 1 = passive) of the topology, or a ConfigError."""
+    kind, h, w = parse(spec, workers)
+    if workers == 1:
+        return [0]
+    colours = [(r // w + r % w) % 2 for r in range(workers)]
+    ok = all(colours[r] != colours[n] for r in range(workers) for n in neighbours(spec, workers, r))
+    if not ok:
+        raise ConfigError(
+            f"adpsgd needs a bipartite topology (active and passive workers alternate), but "
+            f"topology={spec!r} with workers={workers} is not: use a ring with an even number "
+            "of workers or a torus with even height and width"
+        )
+    return colours
+
+
+def request_schedule(spec: str, workers: int, rank: int, steps: int, seed: int) -> list[int]:
+    """The neighbour an active worker asks at each step: a pure function of (seed, rank)."""
+    options = neighbours(spec, workers, rank)
+    if not options:
+        return []
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+    return [options[i] for i in torch.randint(len(options), (steps,), generator=gen).tolist()]

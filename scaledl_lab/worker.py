@@ -1,12 +1,18 @@
-"""What every per-worker program needs besides communication: model, data order, metrics, eval."""
+"""What every per-worker program needs besides communication: the per-worker loop vocabulary.
+
+A strategy is an ``async def`` taking a :class:`WorkerContext`: its model and optimiser, its
+batches in the order the sequential twins use, how many steps it takes and where epochs end,
+evaluation, metric rows and the result it returns. :class:`BoundProgram` binds a strategy to a
+config so that a runtime (which knows nothing of either) can run it on every rank.
+"""
 
 from __future__ import annotations
 
 import copy
 import functools
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,8 +28,11 @@ from .data import (
     shard_indices,
     steps_per_epoch,
 )
+from .errors import DivergenceError
+from .metrics import Row, record
 from .models import build_model
-from .runtime.base import Comm, DivergenceError, Row
+from .params import state_dict_cpu
+from .runtime.base import Comm, Emit
 
 _TEMPLATES: dict[tuple[Any, ...], nn.Module] = {}
 EVAL_BATCH = 250  # small enough that activations stay in cache
@@ -67,14 +76,29 @@ def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
     return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
-    """A parameter's gradient, or zeros where backward gave it none."""
-    return p.grad if p.grad is not None else torch.zeros_like(p)
+def steps_per_epoch_of(cfg: ExperimentConfig) -> int:
+    """Steps every worker takes per epoch: all shards have ``n // workers`` samples."""
+    return steps_per_epoch(len(load_for(cfg).train) // cfg.workers, cfg.batch_size)
 
 
-def flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
-    """All parameter gradients flattened into one new tensor (zeros where there is none)."""
-    return torch.cat([grad_or_zeros(p).reshape(-1) for p in params])
+def total_steps(cfg: ExperimentConfig) -> int:
+    """Steps every worker of a synchronous or decentralised run takes in all."""
+    steps = cfg.epochs * steps_per_epoch_of(cfg)
+    return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one local step measured on its own mini-batch."""
+
+    loss: float
+    correct: int
+    samples: int
+
+
+def lr_of(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate the optimiser's (first) parameter group steps with."""
+    return optimizer.param_groups[0]["lr"]
 
 
 def check_finite(loss: float, *, rank: int, epoch: int, step: int) -> None:
@@ -112,6 +136,7 @@ class WorkerContext:
             self.data.train.y, self.world_size, self.rank, scheme=cfg.sharding, seed=cfg.seed
         )
         self.steps_per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
+        self.total_steps = total_steps(cfg)
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"each worker's shard has {len(self.shard)} samples, fewer than "
@@ -134,6 +159,13 @@ class WorkerContext:
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return make_optimizer(self.config, model.parameters())
 
+    async def start(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model and its optimiser, the model evaluated before training (all together)."""
+        model = self.build_model()
+        optimizer = self.build_optimizer(model)
+        await self.evaluate_shared(model, epoch=0.0, step=0)
+        return model, optimizer
+
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This worker's mini-batches for ``epoch``, in the order the sequential twin uses."""
         train = self.data.train
@@ -142,22 +174,71 @@ class WorkerContext:
         ):
             yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
 
-    def is_done(self, step: int) -> bool:
-        return self.config.max_steps is not None and step >= self.config.max_steps
+    def local_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's first ``total_steps`` mini-batches, epoch after epoch."""
+        taken = 0
+        for epoch in range(self.config.epochs):
+            for x, y in self.batches(epoch):
+                if taken >= self.total_steps:
+                    return
+                taken += 1
+                yield x, y
+
+    def batches_forever(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's batches, epoch after epoch (asynchronous workers draw until the end)."""
+        epoch = 0
+        while True:
+            yield from self.batches(epoch)
+            epoch += 1
+
+    def is_boundary(self, step: int) -> bool:
+        """After ``step`` local steps: the end of an epoch, or of the run."""
+        return step % self.steps_per_epoch == 0 or step == self.total_steps
 
     # -- metrics --------------------------------------------------------------------------
 
     def log(self, row: Row) -> None:
         cfg = self.config
-        record = {
-            "run": self.run_label,
-            "strategy": cfg.strategy,
-            "runtime": cfg.runtime,
-            "world_size": self.world_size,
-            "rank": self.rank,
-        }
-        record.update(asdict(row))
-        self.emit(record)
+        self.emit(
+            record(
+                row,
+                run=self.run_label,
+                strategy=cfg.strategy,
+                runtime=cfg.runtime,
+                world_size=self.world_size,
+                rank=self.rank,
+            )
+        )
+
+    def log_train(
+        self,
+        step: int,
+        stats: StepStats,
+        *,
+        sent: int = 0,
+        lr: float = math.nan,
+        staleness: float = math.nan,
+        epoch: float | None = None,
+    ) -> None:
+        """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default)."""
+        self.log(
+            Row(
+                kind="train",
+                epoch=self.progress(step) if epoch is None else epoch,
+                step=step,
+                time=self.comm.now(),
+                loss=stats.loss,
+                accuracy=stats.correct / stats.samples,
+                samples=stats.samples,
+                bytes_sent=sent,
+                staleness=staleness,
+                lr=lr,
+            )
+        )
+
+    def keep_model(self, model: nn.Module, key: str = "state_dict") -> None:
+        """Return ``model``'s final weights from this rank (CPU copies) under ``key``."""
+        self.result[key] = state_dict_cpu(model)
 
     def progress(self, step: int) -> float:
         """Training progress in epochs after ``step`` local steps."""
@@ -207,18 +288,31 @@ class WorkerContext:
                 ).tolist()
             scores[kind] = correct / count
             if log:
-                self.log(
-                    Row(
-                        kind=kind,
-                        epoch=epoch,
-                        step=step,
-                        time=self.comm.now(),
-                        loss=loss_sum / count,
-                        accuracy=correct / count,
-                        samples=int(count),
-                    )
-                )
+                self._log_eval(kind, epoch, step, loss_sum, correct, count)
         return scores
+
+    def _log_eval(
+        self,
+        kind: str,
+        epoch: float,
+        step: int,
+        loss_sum: float,
+        correct: float,
+        count: float,
+        sent: int = 0,
+    ) -> None:
+        self.log(
+            Row(
+                kind=kind,
+                epoch=epoch,
+                step=step,
+                time=self.comm.now(),
+                loss=loss_sum / count,
+                accuracy=correct / count,
+                samples=int(count),
+                bytes_sent=sent,
+            )
+        )
 
     async def evaluate_shared(self, model: nn.Module, *, epoch: float, step: int) -> None:
         """Evaluate a model that is identical on every worker, splitting val and test by rank.
@@ -236,45 +330,25 @@ class WorkerContext:
             await self.comm.allreduce(totals)
             loss_sum, correct, count = totals.tolist()
             if self.comm.is_root:
-                self.log(
-                    Row(
-                        kind=kind,
-                        epoch=epoch,
-                        step=step,
-                        time=self.comm.now(),
-                        loss=loss_sum / count,
-                        accuracy=correct / count,
-                        samples=int(count),
-                        bytes_sent=self.comm.bytes_sent - sent_before,
-                    )
-                )
+                sent = self.comm.bytes_sent - sent_before
+                self._log_eval(kind, epoch, step, loss_sum, correct, count, sent)
 
 
-def server_rows(
-    cfg: ExperimentConfig, run_label: str, stats: list[dict[str, Any]], time: float
-) -> list[dict[str, Any]]:
-    """One ``kind="server"`` row per hosted server (rank = workers + index): calls served in
-    ``step``, bytes it sent in ``bytes_sent`` and bytes it received in ``bytes_received``."""
-    rows = []
-    for s in stats:
-        row = Row(
-            kind="server",
-            epoch=float(cfg.epochs),
-            step=int(s["calls"]),
-            time=time,
-            loss=float("nan"),
-            accuracy=float("nan"),
-            samples=0,
-            bytes_sent=int(s["bytes_out"]),
-        )
-        record = {
-            "run": run_label,
-            "strategy": cfg.strategy,
-            "runtime": cfg.runtime,
-            "world_size": cfg.workers,
-            "rank": cfg.workers + int(s["server"]),
-            "bytes_received": int(s["bytes_in"]),
-        }
-        record.update(asdict(row))
-        rows.append(record)
-    return rows
+Program = Callable[[WorkerContext], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class BoundProgram:
+    """A strategy's program bound to a run: what a runtime calls on every rank."""
+
+    program: Program
+    config: ExperimentConfig
+    run_label: str
+
+    def prepare(self) -> None:
+        load_for(self.config)
+
+    async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
+        ctx = WorkerContext(self.config, comm, load_for(self.config), device, emit, self.run_label)
+        await self.program(ctx)
+        return ctx.result

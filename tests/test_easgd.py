@@ -51,7 +51,7 @@ def test_async_centre_with_one_worker_equals_synchronous():
     out = asynchronous.outputs[asynchronous.configs[0].label][0]
     assert max_diff(out["local_state_dict"], sync.outputs[cfg.label][0]["local_state_dict"]) == 0
     server = asynchronous.frame.query("kind == 'server'")
-    assert server["step"].iloc[0] == 20 // 4 + 2  # 5 elastic calls + init + final fetch
+    assert server["calls"].iloc[0] == 20 // 4 + 2  # 5 elastic calls + init + final fetch
 
 
 def test_sync_easgd_same_on_dask_and_sim(client):
@@ -70,7 +70,7 @@ def test_async_easgd_on_dask_uses_the_centre_server(client):
     res = run(cfg, client=client, progress=False)
     server = res.frame.query("kind == 'server'")
     # 10 elastic calls per worker, rank 0's init, and one final fetch per worker.
-    assert server["step"].tolist() == [2 * 10 + 1 + 2]
+    assert server["calls"].tolist() == [2 * 10 + 1 + 2]
     assert max_diff(res.state_dict(rank=0), res.state_dict(rank=1)) == 0.0  # the centre
     final = res.frame.query("kind == 'test'")["accuracy"].iloc[-1]
     assert final > 0.5

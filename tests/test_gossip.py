@@ -13,13 +13,14 @@ from scaledl_lab import ConfigError, ExperimentConfig, run
 from scaledl_lab.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.runtime.sim import SimWorld
-from scaledl_lab.strategies.gossip import (
+from scaledl_lab.strategies.gossip import gossip_average, simulate_gossip
+from scaledl_lab.topology import (
     colouring,
-    gossip_average,
+    mixing_matrix,
+    neighbours,
     request_schedule,
-    simulate_gossip,
+    second_eigenvalue,
 )
-from scaledl_lab.topology import mixing_matrix, neighbours, second_eigenvalue
 
 MLP_BYTES = 4 * count_parameters(build_model("mlp", (1, 28, 28), 10))
 
@@ -139,7 +140,7 @@ def test_dpsgd_records_consensus_and_every_workers_evaluation():
     res = run(cfg, progress=False)
     frame = res.frame
     consensus = frame[frame.kind == "consensus"]
-    assert list(consensus["rank"]) == [0] and consensus["loss"].iloc[0] > 0
+    assert list(consensus["rank"]) == [0] and consensus["value"].iloc[0] > 0
     final = frame[(frame.kind == "test") & (frame.step == frame.step.max())]
     assert sorted(final["rank"]) == [0, 1, 2, 3]
     out = res.outputs[cfg.label][0]
@@ -180,7 +181,7 @@ def test_adpsgd_answers_every_request_once(spec, workers):
     answered = sum(by_rank[r] for r in range(workers) if colours[r] == 1)
     steps = train.groupby("rank").size().iloc[0]
     assert asked == answered == steps * (workers // 2) * MLP_BYTES
-    assert (res.frame.query("kind == 'consensus'")["loss"] > 0).all()
+    assert (res.frame.query("kind == 'consensus'")["value"] > 0).all()
 
 
 def test_adpsgd_rejects_odd_ring_before_training():
@@ -195,5 +196,5 @@ def test_adpsgd_on_dask_pairs_average(client):
     train = res.frame.query("kind == 'train'")
     # rank 0 (active) asks rank 1 every step; rank 1 answers each request exactly once.
     assert train.groupby("rank")["bytes_sent"].sum().tolist() == [20 * MLP_BYTES] * 2
-    consensus = res.frame.query("kind == 'consensus'")["loss"].iloc[-1]
+    consensus = res.frame.query("kind == 'consensus'")["value"].iloc[-1]
     assert 0 < consensus < 1.0 and math.isfinite(consensus)

@@ -11,8 +11,7 @@ from scaledl_lab.models import build_model
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.strategies import get_strategy
 from scaledl_lab.strategies.hogwild import share_parameters
-from scaledl_lab.strategies.parameter_server import steps_per_epoch_of
-from scaledl_lab.worker import load_for
+from scaledl_lab.worker import load_for, steps_per_epoch_of
 
 
 def test_parameters_become_views_of_the_shared_vector():

@@ -5,9 +5,9 @@ from __future__ import annotations
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
+from scaledl_lab.cost import ring_allreduce_bytes
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.reference import train_sequential
-from scaledl_lab.runtime.base import ring_allreduce_bytes
 from scaledl_lab.worker import load_for
 
 MLP_BYTES = 4 * count_parameters(build_model("mlp", (1, 28, 28), 10))
@@ -43,8 +43,8 @@ def test_replicas_drift_between_averagings_and_meet_at_the_end():
     assert (train[~averaging]["bytes_sent"] == 0).all()
     states = [res.state_dict(rank=r) for r in range(4)]
     assert all(max_diff(states[0], s) == 0.0 for s in states[1:])
-    assert res.frame.query("kind == 'consensus'")["loss"].tolist() == [0.0]
+    assert res.frame.query("kind == 'consensus'")["value"].tolist() == [0.0]
     # Two epochs: at the first boundary (step 18, not an averaging step) the replicas differ.
     two = run(cfg.replace(epochs=2, max_steps=None), progress=False)
-    consensus = two.frame.query("kind == 'consensus'").set_index("step")["loss"]
+    consensus = two.frame.query("kind == 'consensus'").set_index("step")["value"]
     assert consensus[18] > 0 and consensus[36] == 0.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from common import SMALL, max_diff
+from scaledl_lab.analysis import best_worker
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.reference import train_sequential
-from scaledl_lab.strategies.nnt import MAX_LEAD, best_worker
 from scaledl_lab.worker import load_for
 
 
@@ -95,7 +95,7 @@ def test_never_waiting_nnt_applies_every_message_with_bounded_staleness():
         left, right = (rank - 1) % 4, (rank + 1) % 4
         assert out["messages_applied"] == {left: steps, right: steps}
     staleness = train["staleness"].dropna()
-    assert staleness.max() <= MAX_LEAD
+    assert staleness.max() <= cfg.nnt_max_lead
     # Neighbours of the slow worker 1 apply its gradients late; the others do not wait for it
     # at every step (lock-step would make everyone as slow as rank 1).
     assert train.query("rank in [0, 2]")["staleness"].mean() > 0.5
@@ -145,9 +145,9 @@ def test_staged_restarts_everyone_from_the_best_worker():
         val = frame.query(f"kind == 'val' and step == {boundary}").sort_values("rank")
         assert best == int(val["accuracy"].to_numpy().argmax())
     # A restart makes every worker equal: the stage after it ends closer to consensus.
-    consensus = frame.query("kind == 'consensus'").set_index("step")["loss"]
+    consensus = frame.query("kind == 'consensus'").set_index("step")["value"]
     unstaged = run(cfg.replace(strategy="nnt"), progress=False).frame
-    plain = unstaged.query("kind == 'consensus'").set_index("step")["loss"]
+    plain = unstaged.query("kind == 'consensus'").set_index("step")["value"]
     assert consensus[54] < plain[54]
 
 

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from common import SMALL, max_diff
+from scaledl_lab.analysis import time_per_epoch
 
 from scaledl_lab import ExperimentConfig, RunError, run
 from scaledl_lab.cluster import connect
@@ -19,14 +20,12 @@ from scaledl_lab.reference import train_sequential
 from scaledl_lab.runtime.base import NOT_READY
 from scaledl_lab.runtime.dask import worker_addresses
 from scaledl_lab.strategies import get_strategy
-from scaledl_lab.strategies.parameter_server import (
+from scaledl_lab.strategies.ps_server import (
     ParameterServer,
     delay_compensated,
     staleness_aware_lr,
-    steps_per_epoch_of,
-    time_per_epoch,
 )
-from scaledl_lab.worker import load_for
+from scaledl_lab.worker import load_for, steps_per_epoch_of
 
 ASYNC = ("ps-async", "downpour", "staleness-aware", "dc-asgd")
 SIM = dict(runtime="sim", model="mlp", **SMALL)

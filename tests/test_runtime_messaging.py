@@ -11,10 +11,11 @@ from common import SMALL
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
-from scaledl_lab.runtime.base import NOT_READY, RunError, ServerSpec
-from scaledl_lab.runtime.dask import run_dask
-from scaledl_lab.runtime.sim import SimWorld, run_sim
-from scaledl_lab.strategies import Strategy
+from scaledl_lab.errors import RunError
+from scaledl_lab.launch import execute
+from scaledl_lab.runtime.base import NOT_READY
+from scaledl_lab.runtime.sim import SimWorld
+from scaledl_lab.strategies import ServerSpec, Strategy
 
 # The Dask workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -176,16 +177,15 @@ def _check_exercise(results):
 def test_messaging_on_dask(client):
     cfg = ExperimentConfig(strategy="allreduce", workers=2, model="mlp", **SMALL)
     rows = []
-    _check_exercise(run_dask(client, cfg, "exercise", rows.extend, program=EXERCISE))
+    _check_exercise(execute(cfg, "exercise", rows.extend, client=client, program=EXERCISE).results)
     servers = [r for r in rows if r["kind"] == "server"]
-    assert [(r["rank"], r["step"]) for r in servers] == [(2, 2), (3, 6)]
+    assert [(r["rank"], r["calls"]) for r in servers] == [(2, 2), (3, 6)]
     assert servers[1]["bytes_received"] == 2 * 32 + 4 * 8  # two tensors of 8 floats, 4 ints
 
 
 def test_messaging_on_sim():
     cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=2, model="mlp", **SMALL)
     rows = []
-    results, _ = run_sim(cfg, "exercise", rows.extend, program=EXERCISE)
-    _check_exercise(results)
+    _check_exercise(execute(cfg, "exercise", rows.extend, program=EXERCISE).results)
     servers = [r for r in rows if r["kind"] == "server"]
-    assert [(r["rank"], r["step"]) for r in servers] == [(2, 2), (3, 6)]
+    assert [(r["rank"], r["calls"]) for r in servers] == [(2, 2), (3, 6)]

@@ -7,9 +7,9 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
+from scaledl_lab.cost import ring_allreduce_bytes
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.reference import train_sequential
-from scaledl_lab.runtime.base import ring_allreduce_bytes
 from scaledl_lab.worker import load_for
 
 

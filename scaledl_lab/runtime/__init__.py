@@ -1,21 +1,8 @@
-"""Runtimes: the communication interface and its implementations (dask: real; sim: virtual)."""
+"""Runtimes: the communication interface and its implementations (dask: real; sim: virtual).
 
-from .base import (
-    Comm,
-    DivergenceError,
-    Pending,
-    Row,
-    RunError,
-    WorkerLostError,
-    ring_allreduce_bytes,
-)
+A runtime runs a program it is given (a :class:`Launch`) and imports nothing above it.
+"""
 
-__all__ = [
-    "Comm",
-    "DivergenceError",
-    "Pending",
-    "Row",
-    "RunError",
-    "WorkerLostError",
-    "ring_allreduce_bytes",
-]
+from .base import NOT_READY, Comm, Incoming, Launch, Outcome, Pending, RankProgram
+
+__all__ = ["NOT_READY", "Comm", "Incoming", "Launch", "Outcome", "Pending", "RankProgram"]

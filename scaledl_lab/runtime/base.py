@@ -9,35 +9,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-
-class RunError(RuntimeError):
-    """A run stopped before finishing; the message says why and where the partial metrics are."""
-
-
-class DivergenceError(RunError):
-    """The training loss became NaN or infinite."""
-
-
-class WorkerLostError(RunError):
-    """A worker process died during a run."""
-
-
-def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in a ring allreduce: reduce-scatter then all-gather, 2(p-1)/p · n."""
-    if world_size <= 1:
-        return 0
-    return int(math.ceil(2 * (world_size - 1) * nbytes / world_size))
-
-
-class ServerLostError(RunError):
-    """A parameter server (or another hosted server object) stopped answering."""
+from ..errors import RunError
 
 
 class _NotReady:
@@ -88,23 +66,6 @@ class Incoming(abc.ABC):
 
     @abc.abstractmethod
     async def wait(self) -> torch.Tensor: ...
-
-
-class ServerSpec(abc.ABC):
-    """How a strategy's server objects are made; the runtime decides where they live.
-
-    A server is a plain class whose methods take and return tensors and numbers. The simulator
-    keeps the objects in its own process and delivers calls in virtual time; the Dask runtime
-    hosts each one as an actor on a worker. Calls to one server run one at a time.
-    """
-
-    @abc.abstractmethod
-    def count(self, cfg: Any) -> int:
-        """How many servers a run of ``cfg`` needs."""
-
-    @abc.abstractmethod
-    def create(self, cfg: Any, index: int) -> Any:
-        """Server ``index`` of ``count(cfg)``, built where it will run."""
 
 
 class Comm(abc.ABC):
@@ -188,17 +149,43 @@ class Comm(abc.ABC):
         yield
 
 
-@dataclass
-class Row:
-    """One line of the tidy metrics table (see experiment.METRIC_COLUMNS)."""
+Emit = Callable[[dict[str, Any]], None]
 
-    kind: str
-    epoch: float
-    step: int
-    time: float
-    loss: float
-    accuracy: float
-    samples: int
-    bytes_sent: int = 0
-    staleness: float = float("nan")
-    lr: float = float("nan")
+
+class RankProgram(Protocol):
+    """What a runtime runs on every rank: the layer above binds a strategy, a config and the
+    run's metrics to it (``worker.BoundProgram``); the runtime only provides the Comm."""
+
+    def prepare(self) -> None:
+        """Load what every rank needs (data) before the run's clock starts."""
+
+    async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
+        """Run rank ``comm.rank``'s program; ``emit`` records a metrics row; returns its result."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a runtime needs to run one program on ``world_size`` ranks.
+
+    ``servers`` builds each hosted server object where it will live (zero-argument, picklable);
+    ``tolerates_worker_loss`` says whether the run goes on when a worker dies.
+    """
+
+    program: RankProgram
+    world_size: int
+    label: str
+    servers: tuple[Callable[[], Any], ...] = ()
+    tolerates_worker_loss: bool = False
+    device: str = "auto"
+    timeout_s: float = 60.0
+
+
+@dataclass
+class Outcome:
+    """What a run returns: each rank's result (empty for a lost worker), each server's counters
+    (``calls``, ``bytes_in``, ``bytes_out``), when the run ended, and (sim) the timeline."""
+
+    results: list[dict[str, Any]]
+    server_stats: list[dict[str, int]]
+    end_time: float
+    events: list[Any] | None = None

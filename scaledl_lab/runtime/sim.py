@@ -9,18 +9,29 @@ run is a pure function of its config and seed.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..cost import CostModel
-from .base import NOT_READY, Comm, Incoming, Pending, RunError, clone_tensors, tensor_bytes
+from ..errors import RunError
+from .base import NOT_READY, Comm, Launch, Outcome, clone_tensors, tensor_bytes
 from .memory import keep_freed_memory
+from .sim_comm import (
+    Collective,
+    Request,
+    SimCall,
+    SimComm,
+    SimIncoming,
+    Sleep,
+    Until,
+    WaitCall,
+    WaitRecv,
+)
 
 
 @dataclass
@@ -34,186 +45,13 @@ class Event:
 
 
 @dataclass
-class _Request:
-    rank: int
-
-
-@dataclass
-class _Sleep(_Request):
-    until: float
-
-
-@dataclass
-class _Collective(_Request):
-    kind: str  # "allreduce" | "broadcast" | "barrier"
-    tensor: torch.Tensor | None = None
-    src: int = 0
-
-
-@dataclass
-class _Until(_Request):
-    """Resume no earlier than ``until`` (the worker's own NIC finishing a send)."""
-
-    until: float
-
-
-@dataclass
-class _WaitRecv(_Request):
-    incoming: _SimIncoming
-
-
-@dataclass
-class _WaitCall(_Request):
-    pending: _SimCall
-
-
-class _Await:
-    """Hands a request to the scheduler and resumes with its answer."""
-
-    def __init__(self, request: _Request) -> None:
-        self.request = request
-
-    def __await__(self) -> Generator[_Request, Any, Any]:
-        return (yield self.request)
-
-
-class _SimPending(Pending):
-    def __init__(self, comm: SimComm, tensor: torch.Tensor) -> None:
-        self.comm, self.tensor = comm, tensor
-
-    async def wait(self) -> torch.Tensor:
-        await _Await(_Collective(self.comm.rank, "allreduce", self.tensor))
-        return self.tensor
-
-
-class _SimSent(Pending):
-    def __init__(self, comm: SimComm, until: float) -> None:
-        self.comm, self.until = comm, until
-
-    async def wait(self) -> None:
-        await _Await(_Until(self.comm.rank, self.until))
-
-
-class _SimIncoming(Incoming):
-    """A posted receive; the world assigns it a message (FIFO per sender) when one is sent."""
-
-    def __init__(self, comm: SimComm, tensor: torch.Tensor, src: int) -> None:
-        self.comm, self.tensor, self.src = comm, tensor, src
-        self.message: tuple[float, torch.Tensor] | None = None
-        self.copied = False
-
-    def _take(self) -> torch.Tensor:
-        if not self.copied:
-            assert self.message is not None
-            self.tensor.copy_(self.message[1])
-            self.copied = True
-        return self.tensor
-
-    def ready(self) -> bool:
-        if self.message is None or self.message[0] > self.comm.clock:
-            return False
-        self._take()
-        return True
-
-    async def wait(self) -> torch.Tensor:
-        await _Await(_WaitRecv(self.comm.rank, self))
-        return self._take()
-
-
-class _SimCall(Pending):
-    """A call to a hosted server; ``reply_at``/``value`` are set when the server answers."""
-
-    def __init__(self, comm: SimComm, server: int, method: str, args: tuple[Any, ...]) -> None:
-        self.comm, self.server, self.method, self.args = comm, server, method, args
-        self.reply_at: float | None = None
-        self.reply_bytes = 0
-        self.value: Any = None
-
-    async def wait(self) -> Any:
-        return await _Await(_WaitCall(self.comm.rank, self))
-
-
-class SimComm(Comm):
-    """:class:`Comm` of one virtual worker; time is ``clock``, advanced by the cost model."""
-
-    def __init__(self, rank: int, world: SimWorld) -> None:
-        super().__init__(rank, world.world_size)
-        self.world = world
-        self.clock = 0.0
-        self.steps = 0
-        self.nic_free = 0.0  # when this worker's outgoing link finishes what it was given
-
-    def _inject(self, nbytes: int) -> tuple[float, float]:
-        """Queue ``nbytes`` on this worker's link: (departure of the first, of the last byte)."""
-        departure = max(self.clock, self.nic_free)
-        self.nic_free = departure + nbytes / self.world.cost.network.bandwidth_Bps
-        return departure, self.nic_free
-
-    def now(self) -> float:
-        return self.clock
-
-    @contextlib.asynccontextmanager
-    async def compute(self, samples: int) -> AsyncIterator[None]:
-        yield
-        cost = self.world.cost.step_time(self.rank, self.world_size, self.steps, samples)
-        self.steps += 1
-        await _Await(_Sleep(self.rank, self.clock + cost))
-
-    def allreduce_start(self, tensor: torch.Tensor) -> Pending:
-        nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += self.world.cost.allreduce_bytes(nbytes, self.world_size)
-        return _SimPending(self, tensor)
-
-    async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        if self.rank == src:
-            self.bytes_sent += tensor.numel() * tensor.element_size() * (self.world_size - 1)
-        await _Await(_Collective(self.rank, "broadcast", tensor, src))
-        return tensor
-
-    def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
-        nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += nbytes
-        _, done = self._inject(nbytes)
-        self.world._deliver(self.rank, dst, done + self.world.cost.network.latency_s, tensor)
-        return _SimSent(self, done)
-
-    def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
-        incoming = _SimIncoming(self, tensor, src)
-        self.world._post(self.rank, incoming)
-        return incoming
-
-    @property
-    def num_servers(self) -> int:
-        return len(self.world.servers)
-
-    def call_start(self, server: int, method: str, *args: Any) -> Pending:
-        if not 0 <= server < len(self.world.servers):
-            return super().call_start(server, method, *args)
-        nbytes = tensor_bytes(args)
-        self.bytes_sent += nbytes
-        departure, _ = self._inject(nbytes)
-        call = _SimCall(self, server, method, clone_tensors(args))
-        self.world._call(call, departure, nbytes)
-        return call
-
-    async def shared_tensor(self, name: str, init: torch.Tensor) -> torch.Tensor:
-        # Every virtual worker lives in this process: the first caller's copy is everyone's.
-        if name not in self.world.shared:
-            self.world.shared[name] = init.detach().clone()
-        return self.world.shared[name]
-
-    async def barrier(self) -> None:
-        await _Await(_Collective(self.rank, "barrier"))
-
-
-@dataclass
 class _ServerState:
     """A hosted server object, its links and the calls it has parked (NOT_READY)."""
 
     obj: Any
     ingress_free: float = 0.0
     egress_free: float = 0.0
-    parked: list[_SimCall] = field(default_factory=list)
+    parked: list[SimCall] = field(default_factory=list)
     calls: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -240,11 +78,11 @@ class SimWorld:
         # (time, order, seq, action, payload): order is the rank for resumes, -1 for deliveries.
         self._heap: list[tuple[float, int, int, str, Any]] = []
         self._seq = 0
-        self._collective: list[_Collective | None] = [None] * self.world_size
+        self._collective: list[Collective | None] = [None] * self.world_size
         self._mail: dict[tuple[int, int], deque[tuple[float, torch.Tensor]]] = defaultdict(deque)
-        self._posted: dict[tuple[int, int], deque[_SimIncoming]] = defaultdict(deque)
-        self._waiting_recv: dict[int, _SimIncoming] = {}
-        self._waiting_call: dict[int, _SimCall] = {}
+        self._posted: dict[tuple[int, int], deque[SimIncoming]] = defaultdict(deque)
+        self._waiting_recv: dict[int, SimIncoming] = {}
+        self._waiting_call: dict[int, SimCall] = {}
 
     # -- scheduling ------------------------------------------------------------------------
 
@@ -290,21 +128,21 @@ class SimWorld:
                 "server replies that will never come"
             )
 
-    def _handle(self, req: _Request) -> None:
-        if isinstance(req, _Sleep):
+    def _handle(self, req: Request) -> None:
+        if isinstance(req, Sleep):
             self._advance(req.rank, req.until, "compute")
             self._resume(req.rank, req.until)
-        elif isinstance(req, _Until):
+        elif isinstance(req, Until):
             self._advance(req.rank, req.until, "comm")
             self._resume(req.rank, self.comms[req.rank].clock)
-        elif isinstance(req, _Collective):
+        elif isinstance(req, Collective):
             self._arrive(req)
-        elif isinstance(req, _WaitRecv):
+        elif isinstance(req, WaitRecv):
             if req.incoming.message is None:
                 self._waiting_recv[req.rank] = req.incoming
             else:
                 self._wake_recv(req.incoming)
-        elif isinstance(req, _WaitCall):
+        elif isinstance(req, WaitCall):
             if req.pending.reply_at is None:
                 self._waiting_call[req.rank] = req.pending
             else:
@@ -328,14 +166,14 @@ class SimWorld:
             del self._waiting_recv[dst]
             self._wake_recv(incoming)
 
-    def _post(self, rank: int, incoming: _SimIncoming) -> None:
+    def _post(self, rank: int, incoming: SimIncoming) -> None:
         box = self._mail[(incoming.src, rank)]
         if box and not self._posted[(incoming.src, rank)]:
             incoming.message = box.popleft()
         else:
             self._posted[(incoming.src, rank)].append(incoming)
 
-    def _wake_recv(self, incoming: _SimIncoming) -> None:
+    def _wake_recv(self, incoming: SimIncoming) -> None:
         assert incoming.message is not None
         rank = incoming.comm.rank
         self._advance(rank, incoming.message[0], "idle")
@@ -343,7 +181,7 @@ class SimWorld:
 
     # -- hosted servers --------------------------------------------------------------------
 
-    def _call(self, call: _SimCall, departure: float, nbytes: int) -> None:
+    def _call(self, call: SimCall, departure: float, nbytes: int) -> None:
         """The request leaves at ``departure``; it is served once its last byte has arrived."""
         server = self.servers[call.server]
         bandwidth, latency = self.cost.network.bandwidth_Bps, self.cost.network.latency_s
@@ -352,7 +190,7 @@ class SimWorld:
         server.bytes_in += nbytes
         self._push(server.ingress_free, -1, "deliver", call)
 
-    def _serve(self, call: _SimCall, now: float) -> None:
+    def _serve(self, call: SimCall, now: float) -> None:
         server = self.servers[call.server]
         if not self._apply(server, call, now):
             server.parked.append(call)
@@ -365,7 +203,7 @@ class SimWorld:
                     server.parked.remove(parked)
                     progressed = True
 
-    def _apply(self, server: _ServerState, call: _SimCall, now: float) -> bool:
+    def _apply(self, server: _ServerState, call: SimCall, now: float) -> bool:
         value = getattr(server.obj, call.method)(*call.args)
         if value is NOT_READY:
             return False
@@ -382,7 +220,7 @@ class SimWorld:
             self._wake_call(call)
         return True
 
-    def _wake_call(self, call: _SimCall) -> None:
+    def _wake_call(self, call: SimCall) -> None:
         assert call.reply_at is not None
         rank = call.comm.rank
         transfer = call.reply_bytes / self.cost.network.bandwidth_Bps
@@ -398,13 +236,13 @@ class SimWorld:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def _arrive(self, req: _Collective) -> None:
+    def _arrive(self, req: Collective) -> None:
         if self._collective[req.rank] is not None:
             raise RunError(f"rank {req.rank} entered a second collective before the first ended")
         self._collective[req.rank] = req
         if any(c is None for c in self._collective):
             return
-        calls: list[_Collective] = self._collective  # type: ignore[assignment]
+        calls: list[Collective] = self._collective  # type: ignore[assignment]
         self._collective = [None] * self.world_size
         kinds = {(c.kind, None if c.tensor is None else c.tensor.numel()) for c in calls}
         if len(kinds) != 1:
@@ -440,43 +278,19 @@ class SimWorld:
 ROWS_PER_BATCH = 200
 
 
-def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
-    """The cost model a config names (compute profile, network, allreduce, stragglers)."""
-    from ..cost import Stragglers, compute_profile, network_profile
-
-    return CostModel(
-        compute=compute_profile(cfg.compute_profile, cfg.model, flops_per_sample),
-        network=network_profile(cfg.network),
-        allreduce=cfg.allreduce_algorithm,
-        stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed),
-    )
-
-
 def run_sim(
-    cfg: Any,
-    run_label: str,
-    on_rows: Callable[[list[dict[str, Any]]], None],
-    program: Callable[[Any], Any] | None = None,
-) -> tuple[list[dict[str, Any]], list[Event]]:
-    """Run ``cfg`` with ``cfg.workers`` virtual workers; stream rows to ``on_rows``.
+    launch: Launch, cost: CostModel, on_rows: Callable[[list[dict[str, Any]]], None]
+) -> Outcome:
+    """Run ``launch`` with ``launch.world_size`` virtual workers; stream rows to ``on_rows``.
 
-    Returns each rank's result dict and the timeline events. One thread, as each real worker
-    has, so that the gradients are bit-identical to a Dask run's. ``program`` replaces the
-    config's strategy (a plain program, or a Strategy with its servers).
+    One thread, as each real worker has, so that the gradients are bit-identical to a Dask run's.
     """
-    from ..models import model_flops
-    from ..strategies import Strategy, get_strategy
-    from ..worker import WorkerContext, load_for, server_rows
-
-    strategy = program if isinstance(program, Strategy) else get_strategy(cfg.strategy)
-    chosen = program if program is not None and not isinstance(program, Strategy) else None
-    chosen = chosen or strategy.program
-    spec = strategy.servers if chosen is strategy.program else None
-    data = load_for(cfg)
+    launch.program.prepare()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     keep_freed_memory()
     buffer: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = [{} for _ in range(launch.world_size)]
 
     def emit(row: dict[str, Any]) -> None:
         buffer.append(row)
@@ -484,23 +298,15 @@ def run_sim(
             on_rows(buffer[:])
             buffer.clear()
 
+    async def rank_program(comm: Comm) -> None:
+        results[comm.rank] = await launch.program(comm, torch.device("cpu"), emit)
+
     try:
-        servers = [spec.create(cfg, i) for i in range(spec.count(cfg))] if spec else []
-        world = SimWorld(
-            cfg.workers,
-            build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes)),
-            servers,
-        )
-        contexts = [
-            WorkerContext(cfg, comm, data, torch.device("cpu"), emit, run_label)
-            for comm in world.comms
-        ]
-        world.run([lambda comm, ctx=ctx: chosen(ctx) for ctx in contexts])
-        last = max((c.clock for c in world.comms), default=0.0)
-        for row in server_rows(cfg, run_label, world.server_stats(), last):
-            emit(row)
+        world = SimWorld(launch.world_size, cost, [make() for make in launch.servers])
+        world.run([rank_program] * launch.world_size)
     finally:
         torch.set_num_threads(threads)
         if buffer:
             on_rows(buffer[:])
-    return [ctx.result for ctx in contexts], world.events
+    end = max((c.clock for c in world.comms), default=0.0)
+    return Outcome(results, world.server_stats(), end, world.events)

@@ -27,19 +27,11 @@ from typing import Any
 import torch
 
 from ..config import ExperimentConfig
-from ..runtime.base import NOT_READY, Comm, ServerSpec
-from ..worker import WorkerContext
-from . import Strategy, register
-from .gossip import (
-    is_boundary,
-    load_state_vector,
-    local_batches,
-    local_gradient,
-    log_consensus,
-    log_train,
-    state_vector,
-    total_steps,
-)
+from ..params import load_state_vector, state_vector
+from ..runtime.base import NOT_READY, Comm
+from ..worker import WorkerContext, lr_of
+from .decentralised import local_gradient, log_consensus
+from .registry import ServerSpec, register
 
 
 def moving_rate(cfg: ExperimentConfig) -> float:
@@ -88,6 +80,12 @@ class CentreSpec(ServerSpec):
         return ElasticCentre(moving_rate(cfg))
 
 
+@register(
+    "easgd",
+    "elastic averaging SGD: replicas pulled towards a centre variable every sync_period "
+    "steps (synchronous allreduce, or an asynchronous centre server)",
+    servers=CentreSpec(),
+)
 async def train(ctx: WorkerContext) -> None:
     """The program one EASGD worker runs (synchronous or asynchronous per the config)."""
     cfg, comm = ctx.config, ctx.comm
@@ -97,16 +95,13 @@ async def train(ctx: WorkerContext) -> None:
     optimizer = ctx.build_optimizer(model)
     centre_model = copy.deepcopy(model)  # what gets evaluated: the centre x̃
     centre = state_vector(model)  # synchronous: every worker's replica of x̃
-    last = total_steps(ctx)
     if is_async and comm.is_root:
         await comm.call(0, "init", state_vector(model))
     await ctx.evaluate_shared(centre_model, epoch=0.0, step=0)
     step = 0
-    for epoch, x, y in local_batches(ctx, last):
+    for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
-        loss, correct = await local_gradient(
-            ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=True
-        )
+        stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=True)
         step += 1
         if step % cfg.sync_period == 0:
             mine = state_vector(model)
@@ -115,16 +110,13 @@ async def train(ctx: WorkerContext) -> None:
             else:
                 await elastic_sync(comm, mine, centre, alpha)
             load_state_vector(model, mine)
-        log_train(
-            ctx,
-            step=step,
-            loss=loss,
-            correct=correct,
-            samples=len(y),
+        ctx.log_train(
+            step,
+            stats,
             sent=comm.bytes_sent - sent_before,
-            lr=optimizer.param_groups[0]["lr"],
+            lr=lr_of(optimizer),
         )
-        if step < last and is_boundary(ctx, step, last):
+        if step < ctx.total_steps and ctx.is_boundary(step):
             await _evaluate_centre(ctx, centre_model, centre, step, is_async)
     if is_async:
         await comm.barrier()  # every worker's last elastic update has reached the centre
@@ -132,8 +124,8 @@ async def train(ctx: WorkerContext) -> None:
     await log_consensus(ctx, model, step)
     load_state_vector(centre_model, centre)
     await ctx.evaluate_shared(centre_model, epoch=ctx.progress(step), step=step)
-    ctx.result["state_dict"] = {k: v.detach().cpu() for k, v in centre_model.state_dict().items()}
-    ctx.result["local_state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    ctx.keep_model(centre_model)
+    ctx.keep_model(model, "local_state_dict")
 
 
 async def _evaluate_centre(
@@ -145,14 +137,3 @@ async def _evaluate_centre(
     elif ctx.comm.is_root:
         load_state_vector(centre_model, await ctx.comm.call(0, "weights"))
         await ctx.evaluate_local(centre_model, epoch=ctx.progress(step), step=step)
-
-
-register(
-    Strategy(
-        "easgd",
-        train,
-        "elastic averaging SGD: replicas pulled towards a centre variable every sync_period "
-        "steps (synchronous allreduce, or an asynchronous centre server)",
-        servers=CentreSpec(),
-    )
-)

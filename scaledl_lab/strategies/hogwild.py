@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.base import Row
-from ..worker import WorkerContext, check_finite
-from . import Strategy, register
-from .parameter_server import global_target, steps_per_epoch_of
+from ..params import param_vector
+from ..worker import StepStats, WorkerContext, check_finite, lr_of, steps_per_epoch_of
+from .parameter_server import global_target
+from .registry import register
 
 
 def share_parameters(model: nn.Module, flat: torch.Tensor) -> None:
@@ -33,16 +33,21 @@ def share_parameters(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
 
 
+@register(
+    "hogwild",
+    "Hogwild!: lock-free SGD on parameters shared in memory by the workers of one machine",
+    tolerates_worker_loss=True,
+)
 async def train(ctx: WorkerContext) -> None:
     """The program one worker runs: read shared weights, compute a gradient, write in place."""
     cfg, comm = ctx.config, ctx.comm
     model = ctx.build_model()
-    init = nn.utils.parameters_to_vector(model.parameters()).detach()
+    init = param_vector(model.parameters())
     flat = await comm.shared_tensor("params", init)
     counts = await comm.shared_tensor("updates", torch.zeros(ctx.world_size, dtype=torch.float64))
     share_parameters(model, flat)
     optimizer = ctx.build_optimizer(model)
-    target = global_target(cfg, steps_per_epoch_of(cfg))  # as many as sync SGD computes
+    target = global_target(cfg)  # as many gradients as synchronous SGD computes
     per_epoch = steps_per_epoch_of(cfg) * ctx.world_size
     others = [r for r in range(ctx.world_size) if r != ctx.rank]
 
@@ -71,18 +76,12 @@ async def train(ctx: WorkerContext) -> None:
             counts[ctx.rank] += 1  # only this worker writes its slot
             step += 1
             done = applied()
-            ctx.log(
-                Row(
-                    kind="train",
-                    epoch=min(done, target) / per_epoch,
-                    step=step,
-                    time=comm.now(),
-                    loss=local_loss,
-                    accuracy=(out.argmax(1) == y).sum().item() / len(y),
-                    samples=len(y),
-                    staleness=staleness,
-                    lr=optimizer.param_groups[0]["lr"],
-                )
+            ctx.log_train(
+                step,
+                StepStats(local_loss, int((out.argmax(1) == y).sum().item()), len(y)),
+                staleness=staleness,
+                lr=lr_of(optimizer),
+                epoch=min(done, target) / per_epoch,
             )
             if done >= target:
                 break
@@ -93,15 +92,5 @@ async def train(ctx: WorkerContext) -> None:
     if ctx.rank == 0:
         done = applied()
         await ctx.evaluate_local(model, epoch=min(done, target) / per_epoch, step=step)
-    ctx.result["state_dict"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    ctx.keep_model(model)
     ctx.result["updates"] = counts.tolist()
-
-
-register(
-    Strategy(
-        "hogwild",
-        train,
-        "Hogwild!: lock-free SGD on parameters shared in memory by the workers of one machine",
-        tolerates_worker_loss=True,
-    )
-)

@@ -15,10 +15,9 @@ that has arrived is applied with the same optimiser, one message at a time, as i
   restart each worker applies every gradient of the stage, so no stale gradient crosses it.
 
 Flow control (the one departure from FAST, needed on gloo, whose sends complete only once the
-receiver has posted the matching receive): a worker may run at most ``MAX_LEAD`` steps ahead
-of the messages it has received from a neighbour (``cfg.extra["nnt_max_lead"]`` overrides; the
-lock-step variant is lead 0), keeps ``lead + 1`` receives posted and at most ``2·lead + 1``
-sends in flight per neighbour.
+receiver has posted the matching receive): a worker may run at most ``cfg.nnt_max_lead`` steps
+ahead of the messages it has received from a neighbour (the lock-step variant is lead 0), keeps
+``lead + 1`` receives posted and at most ``2·lead + 1`` sends in flight per neighbour.
 With that bound, whenever a worker waits for a send the receiver has already posted the receive,
 and waits for receives only point to workers that are behind: no deadlock. Every worker runs
 the same number of steps T (all shards have the same length), so it sends exactly T messages
@@ -27,10 +26,10 @@ to each neighbour and, at the end, receives all T from each before its final eva
 Rows: ``kind="train"`` per worker per step, with ``bytes_sent`` (degree × gradient bytes) and
 ``staleness`` (mean age in steps of the neighbour gradients applied after that step). At each
 epoch boundary (all workers reach it at the same step count, which makes it a synchronisation
-point) rank 0 records ``kind="consensus"`` with (1/N) Σ_i ||x_i − x̄||² in the ``loss`` column,
+point) rank 0 records ``kind="consensus"`` with (1/N) Σ_i ||x_i − x̄||² in the ``value`` column,
 and every worker records ``val`` and ``test`` rows for its own model. The final result is the
 best worker on validation; ``ctx.result`` holds each rank's val/test accuracy, ``best_rank``,
-``best_test_accuracy``, the mean and spread (see :func:`gossip.summarise_workers`).
+``best_test_accuracy``, the mean and spread (see :func:`scaledl_lab.metrics.summarise_workers`).
 
 ``tolerates_worker_loss`` is False: a dead gloo peer breaks its neighbours' sends.
 """
@@ -41,28 +40,15 @@ import math
 from collections import deque
 from typing import Any
 
-import pandas as pd
 import torch
 from torch import nn
 
 from .. import topology
+from ..params import flat_grad, load_state_vector, param_vector, state_vector, write_grads
 from ..runtime.base import Comm, Incoming, Pending
-from ..worker import WorkerContext, flat_grad
-from . import Strategy, register
-from .gossip import (
-    epoch_end,
-    finish_decentralised,
-    is_boundary,
-    load_state_vector,
-    local_batches,
-    local_gradient,
-    log_train,
-    state_vector,
-    summarise_workers,
-    total_steps,
-)
-
-MAX_LEAD = 4  # steps a worker may run ahead of what it has received from a neighbour
+from ..worker import WorkerContext, lr_of
+from .decentralised import epoch_end, finish, local_gradient
+from .registry import register
 
 
 class Inbox:
@@ -123,49 +109,35 @@ class Outbox:
                 await pending.wait()
 
 
-def _writer(params: list[nn.Parameter]) -> Any:
-    def write_grads(flat: torch.Tensor) -> None:
-        offset = 0
-        for p in params:
-            n = p.numel()
-            view = flat[offset : offset + n].view_as(p)
-            if p.grad is None:
-                p.grad = view.clone()
-            else:
-                p.grad.copy_(view)
-            offset += n
-
-    return write_grads
-
-
+@register(
+    "nnt",
+    "nearest-neighbour training (FAST): send gradients to ring/torus neighbours, never wait",
+)
 async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = False) -> None:
     """The program one NNT worker runs."""
     cfg, comm = ctx.config, ctx.comm
-    lead = 0 if lockstep else int(cfg.extra.get("nnt_max_lead", MAX_LEAD))
+    lead = 0 if lockstep else cfg.nnt_max_lead
     neighbours = topology.neighbours(cfg.resolved_topology, comm.world_size, comm.rank)
     model = ctx.build_model()  # same seed => the same initial weights on every worker
     holder = {"optimizer": ctx.build_optimizer(model)}
     params = [p for p in model.parameters() if p.requires_grad]
-    write_grads = _writer(params)
-    last = total_steps(ctx)
-    like = torch.cat([p.detach().reshape(-1) for p in params])
+    last = ctx.total_steps
+    like = param_vector(params)
     inbox = Inbox(comm, neighbours, like, last, depth=lead + 1)
     outbox = Outbox(comm, neighbours, window=2 * lead + 1)
 
     def apply(flat: torch.Tensor) -> None:
         """A neighbour's gradient, applied with the local optimiser as if it were local."""
-        write_grads(flat)
+        write_grads(params, flat)
         holder["optimizer"].step()
 
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
     step = 0
-    for epoch, x, y in local_batches(ctx, last):
+    for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
         optimizer = holder["optimizer"]
-        loss, correct = await local_gradient(
-            ctx, model, optimizer, x, y, epoch=epoch, step=step, apply=False
-        )
+        stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=False)
         gradient = flat_grad(params)
         optimizer.step()
         await outbox.send(gradient)
@@ -178,17 +150,14 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
         if final:
             await outbox.flush()  # no message is left in flight
         staleness = sum(step - 1 - m for m in applied) / len(applied) if applied else math.nan
-        log_train(
-            ctx,
-            step=step,
-            loss=loss,
-            correct=correct,
-            samples=len(y),
+        ctx.log_train(
+            step,
+            stats,
             sent=comm.bytes_sent - sent_before,
-            lr=optimizer.param_groups[0]["lr"],
+            lr=lr_of(optimizer),
             staleness=staleness,
         )
-        if is_boundary(ctx, step, last):
+        if ctx.is_boundary(step):
             restart = staged and not final and (step // ctx.steps_per_epoch) % cfg.stage_epochs == 0
             if restart:
                 await inbox.drain(apply, need=step, greedy=False)  # the whole stage
@@ -196,7 +165,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             if restart:
                 await _restart_from_best(ctx, model, holder, scores)
     ctx.result["messages_applied"] = dict(inbox.count)  # T from every neighbour
-    await finish_decentralised(ctx, model, scores)
+    await finish(ctx, model, scores)
 
 
 async def _restart_from_best(
@@ -214,47 +183,17 @@ async def _restart_from_best(
     ctx.result.setdefault("stage_best_ranks", []).append(best)
 
 
+@register(
+    "nnt-lockstep",
+    "nearest-neighbour training, waiting for one gradient per neighbour each step",
+)
 async def train_lockstep(ctx: WorkerContext) -> None:
     await train(ctx, lockstep=True)
 
 
+@register(
+    "nnt-staged",
+    "nearest-neighbour training restarting everyone from the best worker every k epochs",
+)
 async def train_staged(ctx: WorkerContext) -> None:
     await train(ctx, staged=True)
-
-
-def best_worker(frame: pd.DataFrame, run: str | None = None) -> dict[str, Any]:
-    """From a results table: each worker's last val/test accuracy, the best worker on val
-    (its test accuracy is the method's result) and the mean and spread across workers."""
-    rows = frame if run is None else frame[frame["run"] == run]
-    last = {}
-    for kind in ("val", "test"):
-        evals = rows[rows["kind"] == kind]
-        final = evals[evals["step"] == evals["step"].max()].sort_values("rank")
-        last[kind] = final.set_index("rank")["accuracy"]
-    ranks = sorted(last["val"].index)
-    return summarise_workers(
-        [float(last["val"][r]) for r in ranks], [float(last["test"][r]) for r in ranks]
-    )
-
-
-register(
-    Strategy(
-        "nnt",
-        train,
-        "nearest-neighbour training (FAST): send gradients to ring/torus neighbours, never wait",
-    )
-)
-register(
-    Strategy(
-        "nnt-lockstep",
-        train_lockstep,
-        "nearest-neighbour training, waiting for one gradient per neighbour each step",
-    )
-)
-register(
-    Strategy(
-        "nnt-staged",
-        train_staged,
-        "nearest-neighbour training restarting everyone from the best worker every k epochs",
-    )
-)

@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.base import Comm, Pending, Row
-from ..worker import WorkerContext, check_finite, flat_grad, grad_or_zeros
+from ..params import flat_grad, grad_or_zeros
+from ..runtime.base import Comm, Pending
+from ..worker import StepStats, WorkerContext, check_finite, lr_of
+from .registry import register
 
 
 def _scatter_back(flat: torch.Tensor, params: list[nn.Parameter], world_size: int) -> None:
@@ -95,51 +97,37 @@ class BucketedAllreduce:
         return await stats_pending.wait()
 
 
+@register(
+    "allreduce",
+    "synchronous data parallelism, bucketed gradient allreduce overlapping backward",
+)
 async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
     """The program one worker runs (Algorithm: synchronous SGD with allreduce)."""
     cfg, comm = ctx.config, ctx.comm
-    model = ctx.build_model()  # same seed => the same initial weights on every worker
-    optimizer = ctx.build_optimizer(model)
+    model, optimizer = await ctx.start()  # the same seed: the same weights on every worker
     reducer = (
         NaiveAllreduce(model, comm) if naive else BucketedAllreduce(model, comm, cfg.bucket_mb)
     )
-    await ctx.evaluate_shared(model, epoch=0.0, step=0)
     step = 0
-    for epoch in range(cfg.epochs):
-        for x, y in ctx.batches(epoch):
-            sent_before = comm.bytes_sent
-            async with comm.compute(len(y)):
-                optimizer.zero_grad()
-                out = model(x)
-                loss = F.cross_entropy(out, y)
-                loss.backward()  # bucketed: allreduces start from inside backward
-            correct = (out.argmax(1) == y).sum().item()
-            local_loss = loss.item()
-            # The loss travels with the gradients so that every worker sees a divergence at once.
-            totals = await reducer.synchronize(torch.tensor([local_loss], dtype=torch.float64))
-            check_finite(totals[0].item(), rank=ctx.rank, epoch=epoch, step=step)
-            optimizer.step()
-            step += 1
-            ctx.log(
-                Row(
-                    kind="train",
-                    epoch=ctx.progress(step),
-                    step=step,
-                    time=comm.now(),
-                    loss=local_loss,
-                    accuracy=correct / len(y),
-                    samples=len(y),
-                    bytes_sent=comm.bytes_sent - sent_before,
-                    lr=optimizer.param_groups[0]["lr"],
-                )
-            )
-            if ctx.is_done(step):
-                break
-        await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
-        if ctx.is_done(step):
-            break
-    ctx.result["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    for x, y in ctx.local_batches():
+        sent_before = comm.bytes_sent
+        async with comm.compute(len(y)):
+            optimizer.zero_grad()
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()  # bucketed: allreduces start from inside backward
+        stats = StepStats(loss.item(), int((out.argmax(1) == y).sum().item()), len(y))
+        # The loss travels with the gradients so that every worker sees a divergence at once.
+        totals = await reducer.synchronize(torch.tensor([stats.loss], dtype=torch.float64))
+        check_finite(totals[0].item(), rank=ctx.rank, epoch=step // ctx.steps_per_epoch, step=step)
+        optimizer.step()
+        step += 1
+        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr_of(optimizer))
+        if ctx.is_boundary(step):
+            await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
+    ctx.keep_model(model)
 
 
+@register("allreduce-naive", "synchronous data parallelism, one flat allreduce after backward")
 async def train_naive(ctx: WorkerContext) -> None:
     await train(ctx, naive=True)

@@ -1,0 +1,155 @@
+"""The Dask runtime, a worker's side: the long-running task of each rank, the actor that hosts a
+server object, and the queue that carries metric rows to the driver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from distributed import Queue, get_worker
+
+from ..errors import ConfigError
+from .base import NOT_READY, Launch, clone_tensors, tensor_bytes
+from .memory import keep_freed_memory
+from .torch_comm import TorchComm
+
+FLUSH_S = 0.5
+
+
+class ServerHost:
+    """A Dask actor hosting one plain server object of a strategy.
+
+    Its methods are coroutines, so they run on the worker's event loop one at a time: the
+    server needs no locks. A call the server answers with NOT_READY waits for the next call
+    that changes the server's state, then is tried again.
+    """
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.obj = make()
+        self.calls = self.bytes_in = self.bytes_out = 0
+        self._changed: asyncio.Condition | None = None
+
+    async def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        self.bytes_in += tensor_bytes(args)
+        async with self._changed:
+            while (value := getattr(self.obj, method)(*args)) is NOT_READY:
+                await self._changed.wait()
+            self._changed.notify_all()
+        self.calls += 1
+        self.bytes_out += tensor_bytes(value)
+        # The reply is serialised later, after other calls may have changed the server.
+        return clone_tensors(value)
+
+    def stats(self) -> dict[str, int]:
+        return {"calls": self.calls, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+
+def pick_device(choice: str, rank: int) -> torch.device:
+    """One device per worker: a GPU when there is one (round-robin by rank), else the CPU."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device='cuda' was asked for, but this worker sees no CUDA device")
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+class _QueueSink:
+    """Batches metric rows and ships them to the driver through a Dask Queue twice a second."""
+
+    def __init__(self, name: str) -> None:
+        self.queue = Queue(name)
+        self.rows: list[dict[str, Any]] = []
+        self.last = time.monotonic()
+
+    def emit(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if time.monotonic() - self.last > FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.queue.put(self.rows)
+            self.rows = []
+        self.last = time.monotonic()
+
+
+@contextlib.contextmanager
+def _profiler_paused() -> Iterator[None]:
+    """Pause Dask's statistical profiler on this worker while the rank trains.
+
+    It samples the running thread every 10 ms, which slows a training step measurably and
+    profiles nothing useful for one long task. Embedded clusters start with it disabled
+    (cluster.WORKER_CONFIG); this covers clusters we attach to.
+    """
+    try:
+        worker = get_worker()
+    except ValueError:
+        yield
+        return
+    names = ("profile", "profile-cycle")
+    paused = [worker.periodic_callbacks[n] for n in names if n in worker.periodic_callbacks]
+    paused = [pc for pc in paused if pc.is_running()]
+    for pc in paused:
+        worker.loop.add_callback(pc.stop)
+    try:
+        yield
+    finally:
+        for pc in paused:
+            worker.loop.add_callback(pc.start)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(
+    launch: Launch,
+    rank: int,
+    init_method: str,
+    queue_name: str,
+    servers: list[Any],
+    server_addresses: list[str],
+) -> dict[str, Any]:
+    """The one long-running task of a rank: rendezvous, run the program, always leave the group."""
+    torch.set_num_threads(1)  # one core per worker, as in the reference measurements
+    keep_freed_memory()
+    device = pick_device(launch.device, rank)
+    launch.program.prepare()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=launch.world_size,
+        timeout=timedelta(seconds=launch.timeout_s),
+    )
+    try:
+        with _profiler_paused():
+            dist.barrier()
+            sink = _QueueSink(queue_name)
+            comm = TorchComm(
+                rank,
+                launch.world_size,
+                time.perf_counter(),
+                run_id=queue_name,
+                servers=servers,
+                server_addresses=server_addresses,
+                timeout_s=launch.timeout_s,
+            )
+            try:
+                return asyncio.run(launch.program(comm, device, sink.emit))
+            finally:
+                sink.flush()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,70 @@
+"""The strategy registry: each name of the user-facing contract maps to one per-worker program.
+
+A :class:`Strategy` is the program every worker runs, plus what its runtime must provide
+around it: hosted server objects (parameter servers, the EASGD centre) and whether the run may
+go on when a worker dies (asynchronous and decentralised methods) or must stop (synchronous).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import ExperimentConfig
+from ..worker import Program
+
+
+class ServerSpec(abc.ABC):
+    """How a strategy's server objects are made; the runtime decides where they live.
+
+    A server is a plain class whose methods take and return tensors and numbers. The simulator
+    keeps the objects in its own process and delivers calls in virtual time; the Dask runtime
+    hosts each one as an actor on a worker. Calls to one server run one at a time.
+    """
+
+    @abc.abstractmethod
+    def count(self, cfg: ExperimentConfig) -> int:
+        """How many servers a run of ``cfg`` needs."""
+
+    @abc.abstractmethod
+    def create(self, cfg: ExperimentConfig, index: int) -> Any:
+        """Server ``index`` of ``count(cfg)``, built where it will run."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    program: Program
+    description: str
+    servers: ServerSpec | None = None
+    tolerates_worker_loss: bool = False
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(
+    name: str,
+    description: str,
+    *,
+    servers: ServerSpec | None = None,
+    tolerates_worker_loss: bool = False,
+) -> Callable[[Program], Program]:
+    """Decorator: the program below is strategy ``name`` (a name of the user-facing contract)."""
+
+    def add(program: Program) -> Program:
+        STRATEGIES[name] = Strategy(name, program, description, servers, tolerates_worker_loss)
+        return program
+
+    return add
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ValueError(
+            f"strategy {name!r} is not implemented; available: {', '.join(sorted(STRATEGIES))}"
+        ) from None
