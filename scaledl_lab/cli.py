@@ -112,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     opts.add_argument(
         "--stage-epochs", type=int, default=d["stage_epochs"].default, help="nnt-staged"
     )
+    opts.add_argument(
+        "--nnt-max-lead",
+        type=int,
+        default=d["nnt_max_lead"].default,
+        help="nnt, nnt-staged: steps a worker may run ahead of a neighbour's gradients",
+    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
@@ -149,6 +155,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         dc_adaptive=args.dc_adaptive,
         sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
         elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
+        nnt_max_lead=args.nnt_max_lead,
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 

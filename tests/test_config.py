@@ -77,3 +77,14 @@ def test_every_implemented_strategy_has_a_registered_program():
     assert sorted(STRATEGIES) == sorted(IMPLEMENTED_STRATEGIES)
     assert set(IMPLEMENTED_STRATEGIES) <= set(CONTRACT_STRATEGIES)
     assert all(s.description for s in STRATEGIES.values())
+
+
+def test_strategy_options_are_typed_fields():
+    assert ExperimentConfig(strategy="nnt", runtime="sim", nnt_max_lead=0).nnt_max_lead == 0
+    with pytest.raises(ConfigError, match=r"nnt_max_lead=-1 must be a non-negative integer"):
+        ExperimentConfig(strategy="nnt", nnt_max_lead=-1)
+    # Results saved while options travelled in an untyped dict still load.
+    legacy = {**ExperimentConfig(model="mlp").to_dict(), "extra": {}}
+    assert ExperimentConfig.from_dict(legacy) == ExperimentConfig(model="mlp")
+    with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['extra'\]"):
+        ExperimentConfig.from_dict({**legacy, "extra": {"nnt_max_lead": 2}})
