@@ -9,55 +9,41 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from .contract import (
+    CONTRACT_STRATEGIES,
+    DATASETS,
+    DEVICES,
+    IMPLEMENTED_RUNTIMES,
+    IMPLEMENTED_STRATEGIES,
+    MODEL_PARALLEL_STRATEGIES,
+    OPTIMIZERS,
+    PENDING_STRATEGIES,
+    PIPELINE_STRATEGIES,
+    PRECISIONS,
+    RUNTIMES,
+    SERVER_STRATEGIES,
+    SHARDINGS,
+    TOPOLOGY_STRATEGIES,
+)
+from .errors import ConfigError, choices
 from .models import MODELS
 
-# Every strategy name of the user-facing contract. Only those in IMPLEMENTED_STRATEGIES run today;
-# the others are reserved so that a typo and a not-yet-built technique give different messages.
-CONTRACT_STRATEGIES: tuple[str, ...] = (
-    "allreduce",
-    "allreduce-naive",
-    "ps-sync",
-    "ps-async",
-    "downpour",
-    "hogwild",
-    "staleness-aware",
-    "dc-asgd",
-    "backup-workers",
-    "nnt",
-    "nnt-lockstep",
-    "nnt-staged",
-    "dpsgd",
-    "adpsgd",
-    "local-sgd",
-    "easgd",
-    "model-parallel",
-    "gpipe",
-    "1f1b",
-)
-# Reserved for the model/pipeline-parallel family, still to be built.
-PENDING_STRATEGIES: tuple[str, ...] = ("model-parallel", "gpipe", "1f1b")
-IMPLEMENTED_STRATEGIES: tuple[str, ...] = tuple(
-    s for s in CONTRACT_STRATEGIES if s not in PENDING_STRATEGIES
-)
-# Strategies whose workers talk along a topology (``topology``, default "ring").
-TOPOLOGY_STRATEGIES: tuple[str, ...] = ("nnt", "nnt-lockstep", "nnt-staged", "dpsgd", "adpsgd")
-# Strategies with hosted parameter servers (``servers`` shards).
-SERVER_STRATEGIES: tuple[str, ...] = (
-    "ps-sync",
-    "ps-async",
-    "downpour",
-    "staleness-aware",
-    "dc-asgd",
-    "backup-workers",
-)
-RUNTIMES: tuple[str, ...] = ("dask", "sim")
-IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
-DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad")
-SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-PRECISIONS: tuple[str, ...] = ("float32", "float64")
+__all__ = [
+    "CONTRACT_STRATEGIES",
+    "DATASETS",
+    "IMPLEMENTED_STRATEGIES",
+    "MODEL_PARALLEL_STRATEGIES",
+    "PENDING_STRATEGIES",
+    "PIPELINE_STRATEGIES",
+    "SERVER_STRATEGIES",
+    "TOPOLOGY_STRATEGIES",
+    "ConfigError",
+    "ExperimentConfig",
+    "check_resources",
+    "is_quick",
+    "quick",
+    "validate",
+]
 
 # Which models accept which datasets' sample shapes (images vs 1-D signals).
 _MODEL_DATASETS: dict[str, tuple[str, ...]] = {
@@ -66,10 +52,6 @@ _MODEL_DATASETS: dict[str, tuple[str, ...]] = {
     "cnn1d": ("mnist1d",),
     "resnet18": ("fashion-mnist", "cifar10"),
 }
-
-
-def _choices(values: tuple[str, ...]) -> str:
-    return ", ".join(repr(v) for v in values)
 
 
 def is_quick() -> bool:
@@ -124,16 +106,33 @@ class ExperimentConfig:
     elastic_async: bool = False  # easgd: centre on a hosted server, updated asynchronously
     stage_epochs: int = 1  # nnt-staged: restart everyone from the best worker every k epochs
     nnt_max_lead: int = 4  # nnt, nnt-staged: steps a worker may run ahead of a neighbour's news
+    stages: int | None = None  # pipelines: stages per replica (default: every worker, one replica)
+    micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
+    balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
+    recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
 
     def __post_init__(self) -> None:
         validate(self)
         if self.global_batch_size is not None:
             # The per-worker batch follows from the global one; keep both fields consistent.
-            object.__setattr__(self, "batch_size", self.global_batch_size // self.workers)
+            object.__setattr__(self, "batch_size", self.global_batch_size // self.replicas)
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Workers that share one model: a pipeline's stages, the tensor-parallel degree."""
+        if self.strategy in PIPELINE_STRATEGIES:
+            return self.stages or self.workers
+        return self.workers if self.strategy == "tensor-parallel" else 1
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas, each trained on its own shard (data parallelism across them)."""
+        return self.workers // self.model_parallel_size
 
     @property
     def effective_batch_size(self) -> int:
-        return self.workers * self.batch_size
+        """Samples per update: ``batch_size`` per replica (per worker without model splits)."""
+        return self.replicas * self.batch_size
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,41 +171,37 @@ def validate(cfg: ExperimentConfig) -> None:
     """Raise ConfigError for the first invalid field; runs before any cluster starts."""
     if cfg.strategy not in CONTRACT_STRATEGIES:
         raise ConfigError(
-            f"strategy={cfg.strategy!r} is unknown; allowed: {_choices(IMPLEMENTED_STRATEGIES)}"
+            f"strategy={cfg.strategy!r} is unknown; allowed: {choices(IMPLEMENTED_STRATEGIES)}"
         )
     if cfg.strategy not in IMPLEMENTED_STRATEGIES:
         raise ConfigError(
             f"strategy={cfg.strategy!r} is not implemented yet; available: "
-            f"{_choices(IMPLEMENTED_STRATEGIES)}"
+            f"{choices(IMPLEMENTED_STRATEGIES)}"
         )
     if cfg.runtime not in RUNTIMES:
-        raise ConfigError(f"runtime={cfg.runtime!r} is unknown; allowed: {_choices(RUNTIMES)}")
+        raise ConfigError(f"runtime={cfg.runtime!r} is unknown; allowed: {choices(RUNTIMES)}")
     if cfg.runtime not in IMPLEMENTED_RUNTIMES:
         raise ConfigError(
             f"runtime={cfg.runtime!r} is not implemented yet; available: "
-            f"{_choices(IMPLEMENTED_RUNTIMES)}"
+            f"{choices(IMPLEMENTED_RUNTIMES)}"
         )
     if cfg.dataset not in DATASETS:
-        raise ConfigError(f"dataset={cfg.dataset!r} is unknown; allowed: {_choices(DATASETS)}")
+        raise ConfigError(f"dataset={cfg.dataset!r} is unknown; allowed: {choices(DATASETS)}")
     if cfg.model not in MODELS:
-        raise ConfigError(f"model={cfg.model!r} is unknown; allowed: {_choices(MODELS)}")
+        raise ConfigError(f"model={cfg.model!r} is unknown; allowed: {choices(MODELS)}")
     if cfg.dataset not in _MODEL_DATASETS[cfg.model]:
         raise ConfigError(
             f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}; "
-            f"it takes: {_choices(_MODEL_DATASETS[cfg.model])}"
+            f"it takes: {choices(_MODEL_DATASETS[cfg.model])}"
         )
     if cfg.optimizer not in OPTIMIZERS:
-        raise ConfigError(
-            f"optimizer={cfg.optimizer!r} is unknown; allowed: {_choices(OPTIMIZERS)}"
-        )
+        raise ConfigError(f"optimizer={cfg.optimizer!r} is unknown; allowed: {choices(OPTIMIZERS)}")
     if cfg.sharding not in SHARDINGS:
-        raise ConfigError(f"sharding={cfg.sharding!r} is unknown; allowed: {_choices(SHARDINGS)}")
+        raise ConfigError(f"sharding={cfg.sharding!r} is unknown; allowed: {choices(SHARDINGS)}")
     if cfg.device not in DEVICES:
-        raise ConfigError(f"device={cfg.device!r} is unknown; allowed: {_choices(DEVICES)}")
+        raise ConfigError(f"device={cfg.device!r} is unknown; allowed: {choices(DEVICES)}")
     if cfg.precision not in PRECISIONS:
-        raise ConfigError(
-            f"precision={cfg.precision!r} is unknown; allowed: {_choices(PRECISIONS)}"
-        )
+        raise ConfigError(f"precision={cfg.precision!r} is unknown; allowed: {choices(PRECISIONS)}")
     for name in ("workers", "epochs", "batch_size"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -227,12 +222,18 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{name}={value!r} must be a non-negative number")
     if cfg.momentum >= 1:
         raise ConfigError(f"momentum={cfg.momentum!r} must be below 1")
-    if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.workers:
+    from .partition import check_model_parallel
+
+    check_model_parallel(cfg)
+    if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.replicas:
         raise ConfigError(
-            f"global_batch_size={cfg.global_batch_size} is not divisible by workers={cfg.workers}; "
-            f"choose a multiple of {cfg.workers} or set batch_size (per worker) instead"
+            f"global_batch_size={cfg.global_batch_size} is not divisible by the "
+            f"{cfg.replicas} replicas (workers={cfg.workers}); choose a multiple of "
+            f"{cfg.replicas} or set batch_size (per replica) instead"
         )
-    _validate_cost_model(cfg)
+    from .cost import check_config
+
+    check_config(cfg)
     _validate_strategy_options(cfg)
 
 
@@ -242,7 +243,7 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
             raise ConfigError(
                 f"topology={cfg.topology!r} does not apply to strategy={cfg.strategy!r}: "
                 f"only the decentralised strategies take a topology "
-                f"({_choices(TOPOLOGY_STRATEGIES)})"
+                f"({choices(TOPOLOGY_STRATEGIES)})"
             )
         from .topology import parse
 
@@ -268,35 +269,6 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
     if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
         raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
-
-
-def _validate_cost_model(cfg: ExperimentConfig) -> None:
-    from .cost import (
-        ALLREDUCE_ALGORITHMS,
-        DEVICES,
-        CostModelError,
-        Stragglers,
-        compute_profile,
-        network_profile,
-    )
-
-    if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ConfigError(
-            f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
-            f"allowed: {_choices(ALLREDUCE_ALGORITHMS)}"
-        )
-    try:
-        network_profile(cfg.network)
-        Stragglers.parse(cfg.stragglers)
-        if cfg.compute_profile not in DEVICES:
-            if not cfg.compute_profile.endswith(".json"):
-                raise CostModelError(
-                    f"compute_profile={cfg.compute_profile!r} is unknown; allowed: "
-                    f"{_choices(tuple(DEVICES))} or a calibration .json file"
-                )
-            compute_profile(cfg.compute_profile, cfg.model, flops_per_sample=0)
-    except CostModelError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

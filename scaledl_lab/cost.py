@@ -277,3 +277,26 @@ def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
         allreduce=cfg.allreduce_algorithm,
         stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed),
     )
+
+
+def check_config(cfg: Any) -> None:
+    """Config errors of the cost-model fields (a ConfigError naming the field)."""
+    from .errors import ConfigError, choices
+
+    if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ConfigError(
+            f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
+            f"allowed: {choices(ALLREDUCE_ALGORITHMS)}"
+        )
+    try:
+        network_profile(cfg.network)
+        Stragglers.parse(cfg.stragglers)
+        if cfg.compute_profile not in DEVICES:
+            if not cfg.compute_profile.endswith(".json"):
+                raise CostModelError(
+                    f"compute_profile={cfg.compute_profile!r} is unknown; allowed: "
+                    f"{choices(tuple(DEVICES))} or a calibration .json file"
+                )
+            compute_profile(cfg.compute_profile, cfg.model, flops_per_sample=0)
+    except CostModelError as exc:
+        raise ConfigError(str(exc)) from None

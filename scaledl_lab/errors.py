@@ -21,3 +21,8 @@ class WorkerLostError(RunError):
 
 class ServerLostError(RunError):
     """A parameter server (or another hosted server object) stopped answering."""
+
+
+def choices(values: tuple[str, ...]) -> str:
+    """The allowed values of a field, as error messages list them."""
+    return ", ".join(repr(v) for v in values)

@@ -19,10 +19,11 @@ from .worker import make_optimizer
 
 
 def combined_batches(cfg: ExperimentConfig, data: DataSplits, epoch: int) -> list[torch.Tensor]:
-    """Step t's combined batch: rank 0's t-th batch, then rank 1's, ... (sample indices)."""
+    """Step t's combined batch: replica 0's t-th batch, then replica 1's, ... (sample indices;
+    a replica is a worker unless the strategy splits the model over several)."""
     per_rank = []
-    for rank in range(cfg.workers):
-        shard = shard_indices(data.train.y, cfg.workers, rank, scheme=cfg.sharding, seed=cfg.seed)
+    for rank in range(cfg.replicas):
+        shard = shard_indices(data.train.y, cfg.replicas, rank, scheme=cfg.sharding, seed=cfg.seed)
         per_rank.append(epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=epoch, rank=rank))
     return [torch.cat(parts) for parts in zip(*per_rank, strict=False)]
 

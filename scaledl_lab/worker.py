@@ -77,8 +77,8 @@ def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
 
 
 def steps_per_epoch_of(cfg: ExperimentConfig) -> int:
-    """Steps every worker takes per epoch: all shards have ``n // workers`` samples."""
-    return steps_per_epoch(len(load_for(cfg).train) // cfg.workers, cfg.batch_size)
+    """Steps every worker takes per epoch: all shards have ``n // replicas`` samples."""
+    return steps_per_epoch(len(load_for(cfg).train) // cfg.replicas, cfg.batch_size)
 
 
 def total_steps(cfg: ExperimentConfig) -> int:
@@ -130,10 +130,15 @@ class WorkerContext:
     def world_size(self) -> int:
         return self.comm.world_size
 
+    @property
+    def data_rank(self) -> int:
+        """This worker's replica: the workers that split one model read the same batches."""
+        return self.rank // self.config.model_parallel_size
+
     def __post_init__(self) -> None:
         cfg = self.config
         self.shard = shard_indices(
-            self.data.train.y, self.world_size, self.rank, scheme=cfg.sharding, seed=cfg.seed
+            self.data.train.y, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
         )
         self.steps_per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
         self.total_steps = total_steps(cfg)
@@ -169,8 +174,9 @@ class WorkerContext:
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This worker's mini-batches for ``epoch``, in the order the sequential twin uses."""
         train = self.data.train
+        cfg = self.config
         for idx in epoch_batches(
-            self.shard, self.config.batch_size, seed=self.config.seed, epoch=epoch, rank=self.rank
+            self.shard, cfg.batch_size, seed=cfg.seed, epoch=epoch, rank=self.data_rank
         ):
             yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
 

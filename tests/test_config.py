@@ -14,7 +14,6 @@ from scaledl_lab.config import check_resources, quick
         ({"model": "vgg"}, r"model='vgg' is unknown; allowed: 'mlp', 'cnn', 'cnn1d', 'resnet18'"),
         ({"dataset": "imagenet"}, r"dataset='imagenet' is unknown; allowed: 'fashion-mnist'"),
         ({"strategy": "magic"}, r"strategy='magic' is unknown; allowed: 'allreduce'"),
-        ({"strategy": "gpipe"}, r"strategy='gpipe' is not implemented yet; available:"),
         ({"runtime": "mpi"}, r"runtime='mpi' is unknown; allowed: 'dask', 'sim'"),
         ({"workers": 0}, r"workers=0 must be a positive integer"),
         ({"batch_size": -4}, r"batch_size=-4 must be a positive integer"),
@@ -23,13 +22,50 @@ from scaledl_lab.config import check_resources, quick
         ({"momentum": 1.5}, r"momentum=1.5 must be below 1"),
         (
             {"global_batch_size": 129, "workers": 2},
-            r"global_batch_size=129 is not divisible by workers=2",
+            r"global_batch_size=129 is not divisible by the 2 replicas \(workers=2\)",
         ),
         ({"model": "cnn1d"}, r"model='cnn1d' does not fit dataset='fashion-mnist'"),
         ({"optimizer": "rmsprop"}, r"optimizer='rmsprop' is unknown; allowed: 'sgd'"),
         ({"sharding": "zipf"}, r"sharding='zipf' is unknown; allowed: 'iid', 'label-skew'"),
         ({"topology": "ring"}, r"topology='ring' does not apply to strategy='allreduce'"),
         ({"train_subset": 0}, r"train_subset=0 must be a positive integer or None"),
+        # model parallelism: one line naming the field, before any cluster starts
+        ({"strategy": "gpipe", "workers": 1}, r"strategy='gpipe' splits the model .* workers=1"),
+        ({"strategy": "tensor-parallel", "workers": 1}, r"'tensor-parallel' splits .* workers=1"),
+        (
+            {"strategy": "gpipe", "model": "mlp", "workers": 8, "runtime": "sim"},
+            r"stages=8 exceeds the model's 6 layers",
+        ),
+        (
+            {"strategy": "gpipe", "model": "mlp", "workers": 2, "balance": "2,3"},
+            r"balance='2,3' must give 2 positive layer counts .* summing to the model's 6 layers",
+        ),
+        (
+            {"strategy": "1f1b", "model": "mlp", "workers": 3, "balance": "0,3,3"},
+            r"balance='0,3,3' must give 3 positive layer counts",
+        ),
+        (
+            {"strategy": "gpipe", "workers": 2, "balance": "fast"},
+            r"balance='fast' is unknown; allowed: 'params', 'time'",
+        ),
+        (
+            {"strategy": "gpipe", "workers": 2, "micro_batches": 5},
+            r"micro_batches=5 does not divide the per-replica batch_size=64",
+        ),
+        (
+            {"strategy": "gpipe", "workers": 4, "stages": 3, "runtime": "sim"},
+            r"workers=4 is not divisible by stages=3",
+        ),
+        (
+            {"strategy": "tensor-parallel", "workers": 3, "model": "mlp"},
+            r"tensor-parallel degree workers=3 does not divide the MLP's hidden width 512",
+        ),
+        ({"strategy": "tensor-parallel", "workers": 2}, r"model='cnn' is not supported"),
+        ({"stages": 2}, r"stages=2 applies only to the pipeline strategies"),
+        (
+            {"strategy": "model-parallel", "workers": 2, "micro_batches": 2},
+            r"micro_batches=2 does not apply to the naive split",
+        ),
     ],
 )
 def test_invalid_configs_name_the_field(changes, message):

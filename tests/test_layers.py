@@ -13,9 +13,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "scaledl_lab"
 # The layer of each module (a package name covers its submodules). A module may import only
 # modules of its own layer or below; imports within a layer must not form a cycle.
 LAYERS: dict[str, int] = {
-    "errors": 0,
+    "errors": 0, "contract": 0,
     "config": 1, "topology": 1, "models": 1, "data": 1, "cost": 1, "metrics": 1, "params": 1,
-    "cluster": 1,
+    "cluster": 1, "partition": 1,
     "runtime": 2,
     "worker": 3,
     "strategies": 4,

@@ -15,6 +15,7 @@ from .registry import (
     fetch,
     load_dataset,
     locate,
+    sample_shape,
     search_dirs,
     standard_sizes,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "fetch",
     "load_dataset",
     "locate",
+    "sample_shape",
     "search_dirs",
     "sha256_file",
     "shard_indices",

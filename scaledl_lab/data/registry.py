@@ -73,6 +73,11 @@ def standard_sizes(name: str) -> tuple[int, int]:
     return n_train, n_test
 
 
+def sample_shape(name: str) -> tuple[int, ...]:
+    """One sample's shape (channels first, no batch dimension)."""
+    return _SIZES[_canonical(name)][2]
+
+
 def _canonical(name: str) -> str:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,13 +84,25 @@ class Comm(abc.ABC):
     def now(self) -> float:
         """Seconds since the run started (wall-clock on dask, virtual on sim)."""
 
-    @abc.abstractmethod
-    def allreduce_start(self, tensor: torch.Tensor) -> Pending:
-        """Start an in-place sum allreduce of ``tensor`` and return at once (overlap with work)."""
+    def new_group(self, ranks: Sequence[int]) -> Group:
+        """A group of ranks for collectives among them only. Every worker must create every
+        group, in the same order (as torch.distributed requires), members or not."""
+        group = tuple(sorted(set(ranks)))
+        if not group or not all(0 <= r < self.world_size for r in group):
+            raise RunError(f"a group needs ranks in [0, {self.world_size}), got {list(ranks)}")
+        return group
 
-    async def allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In-place sum of ``tensor`` over all workers."""
-        return await self.allreduce_start(tensor).wait()
+    def group_size(self, group: Group | None) -> int:
+        return self.world_size if group is None else len(group)
+
+    @abc.abstractmethod
+    def allreduce_start(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        """Start an in-place sum allreduce of ``tensor`` over ``group`` (default: every
+        worker) and return at once (overlap with work)."""
+
+    async def allreduce(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        """In-place sum of ``tensor`` over ``group`` (default: every worker)."""
+        return await self.allreduce_start(tensor, group).wait()
 
     @abc.abstractmethod
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -140,16 +152,18 @@ class Comm(abc.ABC):
     async def barrier(self) -> None: ...
 
     @contextlib.asynccontextmanager
-    async def compute(self, samples: int) -> AsyncIterator[None]:
-        """Mark a block of local computation on ``samples`` samples.
+    async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:
+        """Mark a block of local computation: ``share`` of a training step on ``samples``.
 
         Wall-clock runtimes need nothing here; the simulated runtime charges the block's
-        duration to this worker's virtual clock from its cost model.
+        duration to this worker's virtual clock from its cost model (a pipeline stage's
+        forward is its layers' share of a step's FLOPs, times about 1/3).
         """
         yield
 
 
 Emit = Callable[[dict[str, Any]], None]
+Group = tuple[int, ...]  # the ranks of a group, sorted
 
 
 class RankProgram(Protocol):

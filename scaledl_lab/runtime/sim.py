@@ -78,7 +78,9 @@ class SimWorld:
         # (time, order, seq, action, payload): order is the rank for resumes, -1 for deliveries.
         self._heap: list[tuple[float, int, int, str, Any]] = []
         self._seq = 0
-        self._collective: list[Collective | None] = [None] * self.world_size
+        # Collectives under way, by group (None: every worker): who has arrived so far.
+        self._collective: dict[tuple[int, ...] | None, dict[int, Collective]] = {}
+        self._in_collective: set[int] = set()
         self._mail: dict[tuple[int, int], deque[tuple[float, torch.Tensor]]] = defaultdict(deque)
         self._posted: dict[tuple[int, int], deque[SimIncoming]] = defaultdict(deque)
         self._waiting_recv: dict[int, SimIncoming] = {}
@@ -237,13 +239,19 @@ class SimWorld:
     # -- collectives -----------------------------------------------------------------------
 
     def _arrive(self, req: Collective) -> None:
-        if self._collective[req.rank] is not None:
+        if req.rank in self._in_collective:
             raise RunError(f"rank {req.rank} entered a second collective before the first ended")
-        self._collective[req.rank] = req
-        if any(c is None for c in self._collective):
+        members = req.group if req.group is not None else tuple(range(self.world_size))
+        if req.rank not in members:
+            raise RunError(f"rank {req.rank} called a collective of group {list(members)}")
+        arrived = self._collective.setdefault(req.group, {})
+        arrived[req.rank] = req
+        self._in_collective.add(req.rank)
+        if len(arrived) < len(members):
             return
-        calls: list[Collective] = self._collective  # type: ignore[assignment]
-        self._collective = [None] * self.world_size
+        del self._collective[req.group]
+        self._in_collective -= set(members)
+        calls = [arrived[r] for r in members]
         kinds = {(c.kind, None if c.tensor is None else c.tensor.numel()) for c in calls}
         if len(kinds) != 1:
             raise RunError(f"collective mismatch: the ranks called {sorted(map(str, kinds))}")
@@ -260,7 +268,7 @@ class SimWorld:
                 total += c.tensor
             for c in calls[1:]:
                 c.tensor.copy_(total)
-            duration = self.cost.allreduce_time(nbytes, self.world_size)
+            duration = self.cost.allreduce_time(nbytes, len(members))
         elif req.kind == "broadcast":
             source = calls[req.src].tensor
             for c in calls:

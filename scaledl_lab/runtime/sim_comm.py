@@ -28,6 +28,7 @@ class Collective(Request):
     kind: str  # "allreduce" | "broadcast" | "barrier"
     tensor: torch.Tensor | None = None
     src: int = 0
+    group: tuple[int, ...] | None = None  # None: every worker
 
 
 @dataclass
@@ -58,11 +59,11 @@ class _Await:
 
 
 class _SimPending(Pending):
-    def __init__(self, comm: SimComm, tensor: torch.Tensor) -> None:
-        self.comm, self.tensor = comm, tensor
+    def __init__(self, comm: SimComm, tensor: torch.Tensor, group: tuple[int, ...] | None) -> None:
+        self.comm, self.tensor, self.group = comm, tensor, group
 
     async def wait(self) -> torch.Tensor:
-        await _Await(Collective(self.comm.rank, "allreduce", self.tensor))
+        await _Await(Collective(self.comm.rank, "allreduce", self.tensor, group=self.group))
         return self.tensor
 
 
@@ -133,16 +134,18 @@ class SimComm(Comm):
         return self.clock
 
     @contextlib.asynccontextmanager
-    async def compute(self, samples: int) -> AsyncIterator[None]:
+    async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:
         yield
-        cost = self.world.cost.step_time(self.rank, self.world_size, self.steps, samples)
+        cost = self.world.cost.step_time(self.rank, self.world_size, self.steps, samples) * share
         self.steps += 1
         await _Await(Sleep(self.rank, self.clock + cost))
 
-    def allreduce_start(self, tensor: torch.Tensor) -> Pending:
+    def allreduce_start(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> Pending:
         nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += self.world.cost.allreduce_bytes(nbytes, self.world_size)
-        return _SimPending(self, tensor)
+        self.bytes_sent += self.world.cost.allreduce_bytes(nbytes, self.group_size(group))
+        return _SimPending(self, tensor, group)
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

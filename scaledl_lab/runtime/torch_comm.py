@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch.distributed as dist
 
 from ..cost import ring_allreduce_bytes
 from ..errors import RunError, ServerLostError
-from .base import Comm, Incoming, Pending, tensor_bytes
+from .base import Comm, Group, Incoming, Pending, tensor_bytes
 
 
 class _Done(Pending):
@@ -108,17 +110,25 @@ class TorchComm(Comm):
         self.servers = servers or []
         self.server_addresses = server_addresses or []
         self.timeout_s = timeout_s
+        self.timeout = timedelta(seconds=timeout_s)
+        self.groups: dict[Group, Any] = {}
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def allreduce_start(self, tensor: torch.Tensor) -> Pending:
-        self.bytes_sent += ring_allreduce_bytes(
-            tensor.numel() * tensor.element_size(), self.world_size
-        )
-        if self.world_size == 1:
+    def new_group(self, ranks: Sequence[int]) -> Group:
+        group = super().new_group(ranks)
+        if group not in self.groups:  # a collective call: every rank creates every group
+            self.groups[group] = dist.new_group(list(group), timeout=self.timeout)
+        return group
+
+    def allreduce_start(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        size = self.group_size(group)
+        self.bytes_sent += ring_allreduce_bytes(tensor.numel() * tensor.element_size(), size)
+        if size == 1:
             return _Done(tensor)
-        return _Work(dist.all_reduce(tensor, async_op=True), tensor)
+        pg = None if group is None else self.groups[group]
+        return _Work(dist.all_reduce(tensor, group=pg, async_op=True), tensor)
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

@@ -1,0 +1,56 @@
+"""The names of the user-facing contract (DESIGN.md): strategies and their families, runtimes,
+datasets, optimisers and the other choices a config offers. Imports nothing from the package."""
+
+from __future__ import annotations
+
+# Every strategy name of the user-facing contract. Only those in IMPLEMENTED_STRATEGIES run; the
+# others (PENDING_STRATEGIES) are reserved, so that a typo and a technique still to be built give
+# different messages.
+CONTRACT_STRATEGIES: tuple[str, ...] = (
+    "allreduce",
+    "allreduce-naive",
+    "ps-sync",
+    "ps-async",
+    "downpour",
+    "hogwild",
+    "staleness-aware",
+    "dc-asgd",
+    "backup-workers",
+    "nnt",
+    "nnt-lockstep",
+    "nnt-staged",
+    "dpsgd",
+    "adpsgd",
+    "local-sgd",
+    "easgd",
+    "model-parallel",
+    "gpipe",
+    "1f1b",
+    "tensor-parallel",
+)
+PENDING_STRATEGIES: tuple[str, ...] = ()
+# Pipelines: the model split into stages, one per worker of a replica (``stages``).
+PIPELINE_STRATEGIES: tuple[str, ...] = ("model-parallel", "gpipe", "1f1b")
+# Strategies that split the model itself across workers.
+MODEL_PARALLEL_STRATEGIES: tuple[str, ...] = (*PIPELINE_STRATEGIES, "tensor-parallel")
+IMPLEMENTED_STRATEGIES: tuple[str, ...] = tuple(
+    s for s in CONTRACT_STRATEGIES if s not in PENDING_STRATEGIES
+)
+# Strategies whose workers talk along a topology (``topology``, default "ring").
+TOPOLOGY_STRATEGIES: tuple[str, ...] = ("nnt", "nnt-lockstep", "nnt-staged", "dpsgd", "adpsgd")
+# Strategies with hosted parameter servers (``servers`` shards).
+SERVER_STRATEGIES: tuple[str, ...] = (
+    "ps-sync",
+    "ps-async",
+    "downpour",
+    "staleness-aware",
+    "dc-asgd",
+    "backup-workers",
+)
+RUNTIMES: tuple[str, ...] = ("dask", "sim")
+IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad")
+SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+PRECISIONS: tuple[str, ...] = ("float32", "float64")
