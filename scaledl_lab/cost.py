@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -260,4 +261,14 @@ def network_profile(spec: str) -> NetworkProfile:
     raise CostModelError(
         f"network {spec!r} is unknown; allowed: {', '.join(NETWORKS)}, "
         "custom:LATENCY_S:BANDWIDTH_BPS or a calibration .json file"
+    )
+
+
+def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
+    """The cost model a config names (compute profile, network, allreduce, stragglers)."""
+    return CostModel(
+        compute=compute_profile(cfg.compute_profile, cfg.model, flops_per_sample),
+        network=network_profile(cfg.network),
+        allreduce=cfg.allreduce_algorithm,
+        stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed),
     )
