@@ -1,7 +1,7 @@
-"""The analysis of results tables, on small tables built by hand.
+"""The analysis of results tables and the paper's verdicts, on small tables built by hand.
 
 No cluster and no training: every number below is chosen so that the expected value can be
-worked out on paper.
+worked out on paper, and each verdict is shown flipping when the numbers that decide it flip.
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
-from scaledl_lab import analysis, topology
+from scaledl_lab import analysis, claims, topology
 from scaledl_lab.config import ExperimentConfig
 from scaledl_lab.metrics import to_frame
 
@@ -183,3 +184,152 @@ def test_reachability_counts_the_workers_an_update_has_reached():
     assert topology.reachability("ring", 16, 6) == [3, 5, 7, 9, 11, 13]
     assert topology.reachability("torus:4x4", 16, 4) == [5, 11, 15, 16]
     assert topology.reachability("complete", 16, 2) == [16, 16]
+
+
+# -- verdicts on synthetic comparison tables -------------------------------------------------
+
+SPEC = {"allreduce": None, "ps-sync": None, "ps-async": None, "nnt ring": "ring"}
+
+
+def _table(workers=16, torus="torus:4x4", straggler="slow:5:4", **changes):
+    """A comparison table as reproduce builds it; ``changes`` maps "method.column" to values."""
+    base = dict(runtime="sim", workers=workers, stragglers=None, straggler=False,
+                test_acc_best_worker=0.80, test_acc_spread=0.0, time_per_epoch_s=1.0,
+                staleness=math.nan, straggler_slowdown=math.nan)  # fmt: skip
+    rows = {
+        "allreduce": dict(strategy="allreduce", topology=None),
+        "ps-sync": dict(strategy="ps-sync", topology=None),
+        "ps-async": dict(
+            strategy="ps-async", topology=None, staleness=13.6, test_acc_best_worker=0.50
+        ),  # fmt: skip
+        "nnt-ring": dict(strategy="nnt", topology="ring", test_acc_spread=0.20),
+        "nnt-torus": dict(
+            strategy="nnt", topology=torus, test_acc_spread=0.10, time_per_epoch_s=1.2
+        ),  # fmt: skip
+        "allreduce-straggler": dict(strategy="allreduce", topology=None, straggler_slowdown=3.0),
+        "ps-async-straggler": dict(strategy="ps-async", topology=None, straggler_slowdown=1.0),
+        "nnt-torus-straggler": dict(strategy="nnt", topology=torus, straggler_slowdown=1.5),
+    }
+    records = []
+    for name, values in rows.items():
+        record = {**base, "run": name, **values}
+        if name.endswith("straggler"):
+            record.update(straggler=True, stragglers=straggler)
+        for key, value in changes.items():
+            method, column = key.split(".")
+            if method == name:
+                record[column] = value
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def _verdict(table, claim, traffic=None):
+    hits = [v for v in claims.verdicts(table, traffic) if claim in v]
+    assert len(hits) == 1, claims.verdicts(table, traffic)
+    return hits[0]
+
+
+ACCURACY = "NNT reaches the accuracy of synchronous SGD"
+
+
+def test_accuracy_verdict_flips_with_the_gap_and_says_behind_or_ahead():
+    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.785}), ACCURACY)
+    assert "(best worker within 2 points, same epochs): **supported**" in v
+    assert "torus 78.50%, 1.5 points behind allreduce (80.00%)." in v
+    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.497}), ACCURACY)
+    assert "**not supported** — torus 49.70%, 30.3 points behind allreduce (80.00%)." in v
+    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.83}), ACCURACY)
+    assert "**supported** — torus 83.00%, 3.0 points ahead of allreduce (80.00%)." in v
+    assert "level with allreduce" in _verdict(_table(), ACCURACY)
+
+
+FASTER = "NNT trains faster per epoch than the global patterns"
+
+
+def test_faster_per_epoch_verdict_flips_with_the_times_and_names_the_worker_count():
+    v = _verdict(_table(), FASTER)
+    assert "(by more than 5%): **not supported** — time per epoch NNT torus 1.20 s, " in v
+    assert "allreduce 1.00 s, PS sync 1.00 s (simulated, 16 workers, steady state)." in v
+    v = _verdict(
+        _table(workers=9, torus="torus:3x3", **{"nnt-torus.time_per_epoch_s": 0.9}), FASTER
+    )
+    assert "**supported** — time per epoch NNT torus 0.90 s" in v and "9 workers" in v
+    v = _verdict(_table(**{"nnt-torus.time_per_epoch_s": 0.96}), FASTER)  # inside the margin
+    assert "**not supported**" in v
+
+
+COUPLED = "NNT is not coupled to the slowest worker"
+
+
+def test_straggler_verdict_flips_and_reads_the_slowdown_from_the_setting():
+    v = _verdict(_table(), COUPLED)
+    assert "synchronous SGD is: **supported** — with rank 5 4× slower, an epoch takes ×3.00 " in v
+    assert "as long for allreduce, ×1.50 for NNT torus, ×1.00 for async PS." in v
+    v = _verdict(_table(straggler="slow:3:2.5", **{"nnt-torus-straggler.straggler_slowdown": 3.0}),
+                 COUPLED)  # fmt: skip
+    assert "**not supported** — with rank 3 2.5× slower, an epoch takes ×3.00" in v
+
+
+STALE = "Asynchronous PS pays for staleness"
+
+
+def test_staleness_verdict_flips_with_the_accuracy_gap():
+    v = _verdict(_table(), STALE)
+    assert "(mean 13.6) in accuracy: **supported** — 50.00%, 30.0 points behind synchronous " in v
+    assert "allreduce (80.00%)." in v
+    v = _verdict(_table(**{"ps-async.test_acc_best_worker": 0.81}), STALE)
+    assert "**not supported** — 81.00%, 1.0 points ahead of synchronous allreduce" in v
+
+
+MIXING = "Information crosses the torus in fewer hops than the ring"
+
+
+def test_torus_vs_ring_verdict_flips_with_the_spread_and_computes_the_diameters():
+    v = _verdict(_table(), MIXING)
+    assert "(diameter 4 vs 8 at 16 workers), so NNT's workers agree more on the torus: " in v
+    assert "**supported** — spread of the workers' test accuracies 10.0 vs 20.0 points; " in v
+    v = _verdict(_table(workers=9, torus="torus:3x3", **{"nnt-torus.test_acc_spread": 0.3}), MIXING)
+    assert "(diameter 2 vs 4 at 9 workers)" in v and "**not supported**" in v
+
+
+def _traffic(nnt_growth=1.0, server_growth=None):
+    """NNT sends degree × 1 MiB per step (× nnt_growth per 4× workers); the server moves
+    4 MiB per round at N = 4, growing ∝ N (or by ``server_growth`` per 4× workers)."""
+    rows = []
+    for n in (4, 16, 64):
+        k = math.log(n / 4, 4)  # 0, 1, 2
+        for method, degree in (("nnt ring", 2), ("nnt torus", 4)):
+            if method == "nnt torus" and n == 4:
+                continue
+            rows.append(dict(method=method, strategy="nnt", topology=method.split()[1],
+                             workers=n, servers=0, model_bytes=MIB,
+                             bytes_per_worker_step=degree * MIB * nnt_growth**k,
+                             server_bytes_per_round=math.nan))  # fmt: skip
+        growth = (n / 4) if server_growth is None else server_growth**k
+        rows.append(dict(method="ps-sync", strategy="ps-sync", topology=None, workers=n,
+                         servers=1, model_bytes=MIB, bytes_per_worker_step=MIB,
+                         server_bytes_per_round=4 * MIB * growth))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+TRAFFIC = "NNT's traffic per worker stays constant as the workers grow"
+
+
+def test_traffic_verdict_is_decided_by_the_sweep():
+    v = _verdict(_table(), TRAFFIC, _traffic())
+    assert "(within 5%), while a parameter server's grows with them: **supported** — " in v
+    assert "nnt ring 2.00, 2.00, 2.00 MiB at N = 4, 16, 64 (2 gradients, one per neighbour)" in v
+    assert "nnt torus 4.00, 4.00 MiB at N = 16, 64 (4 gradients, one per neighbour)" in v
+    assert "the busiest server moves 4.00, 16.00, 64.00 MiB per round at N = 4, 16, 64 " in v
+    assert "(×16.0 for ×16 workers; simulated, 1 server)." in v
+    assert "**not supported**" in _verdict(_table(), TRAFFIC, _traffic(nnt_growth=1.5))
+    assert "**not supported**" in _verdict(_table(), TRAFFIC, _traffic(server_growth=1.0))
+    assert not [v for v in claims.verdicts(_table()) if TRAFFIC in v]  # no sweep, no verdict
+
+
+def test_claims_without_their_runs_are_left_out():
+    table = _table()
+    assert len(claims.verdicts(table)) == 5
+    no_torus = table[table["topology"].fillna("") != "torus:4x4"]
+    texts = claims.verdicts(no_torus)
+    assert len(texts) == 1 and STALE in texts[0]
