@@ -251,8 +251,8 @@ def comparison_table(
     if table.empty:
         return table
     table["speedup_vs_1_worker"] = [
-        _one_worker_time(table, cfg, one_worker_time) / r["time_per_epoch_s"]
-        for cfg, r in zip(configs, records, strict=True)
+        speedup(frame, _one_worker_time(table, cfg, one_worker_time), run=cfg.label)
+        for cfg in configs
     ]
     table["straggler_slowdown"] = [_slowdown(table, r) for r in records]
     return table
