@@ -7,15 +7,18 @@ same model, data and worker count. We run the same comparison, side by side:
 - on real Dask workers (2 here; every worker a process, wall-clock time), with one worker as the
   speed-up baseline;
 - on the simulated runtime with 16 workers (the paper's 4×4 torus), gradients computed for real,
-  time from the cost model; the same runs again with one worker four times slower.
+  time from the cost model; some of them again with one worker slowed down (``STRAGGLER``).
 
 Quick mode (`--quick`, or SCALEDL_QUICK=1): Fashion-MNIST and an MLP, the paper's MNIST prototype
 setting (Adam, lr 1e-3). Full mode: ResNet-18 on CIFAR-10 with AdaGrad lr 0.01, weight decay 1e-4,
 batch 128 per worker, as in the paper's main runs; its 16-worker runs go on the Dask cluster given
 by ``--address`` (one worker per device).
 
-The report (``summary.md``) has the table, the figures and a verdict on each claim, computed from
-the measured table only.
+A traffic sweep (tiny simulated runs of NNT and a parameter server at N = 4, 16 and 64 workers,
+in ``traffic/`` beside the results) measures how each method's traffic grows with N.
+
+The report (``summary.md``) has the tables, the figures and a verdict on each claim, computed from
+the measured tables only (:mod:`scaledl_lab.analysis`): every number in its text comes from them.
 """
 
 from __future__ import annotations
@@ -27,16 +30,27 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
+from . import analysis
+from .claims import verdicts
 from .config import ExperimentConfig, quick
+from .cost import build_cost_model
+from .data import steps_per_epoch
 from .experiment import Results, compare
-from .plots import throughput
+from .models import build_model, count_parameters, model_flops
+from .scaling import traffic_configs as sweep_configs
+from .worker import load_for
 
 SIM_WORKERS = 16
 TORUS = "torus:4x4"
 STRAGGLER = "slow:5:4"  # rank 5 takes four times as long per step
 PS_SERVERS = 8  # the paper's baseline: 16 workers and 8 servers
-MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
+TRAFFIC_METHODS = (
+    dict(strategy="nnt", topology="ring"),
+    dict(strategy="nnt", topology="torus"),  # the square torus of each N (none at 4)
+    dict(strategy="ps-sync", servers=1),
+)
 
 
 @dataclass(frozen=True)
@@ -117,185 +131,46 @@ def paper_configs(is_quick: bool, setting: Setting | None = None) -> list[Experi
     return runs
 
 
+def traffic_configs(is_quick: bool, setting: Setting | None = None) -> list[ExperimentConfig]:
+    """The traffic sweep: NNT (ring, torus) and a one-server PS at each of
+    ``scaling.TRAFFIC_WORKERS`` worker counts, two steps each.
+
+    Bytes per step depend on the model's size, not on its accuracy; the sweep uses the MLP on the
+    comparison's data, so that 64 simulated replicas stay small in full mode too."""
+    base = _base(setting or (QUICK if is_quick else FULL)).replace(model="mlp")
+    return sweep_configs(base, TRAFFIC_METHODS)
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
-def best_worker(frame: pd.DataFrame, run: str | None = None) -> dict[str, Any]:
-    from .metrics import summarise_workers
+def _one_worker_time(cfg: ExperimentConfig) -> float:
+    """The simulator's time per epoch of one worker of ``cfg``: it only computes, a full batch
+    per step over the whole training set (the cost model's compute time, no stragglers)."""
+    data = load_for(cfg)
+    cost = build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes))
+    steps = steps_per_epoch(len(data.train), cfg.batch_size)
+    return steps * cost.compute.step_time(cfg.batch_size)
 
-    rows = frame if run is None else frame[frame["run"] == run]
-    last = {}
-    for kind in ("val", "test"):
-        evals = rows[rows["kind"] == kind]
-        final = evals[evals["step"] == evals["step"].max()].sort_values("rank")
-        last[kind] = final.set_index("rank")["accuracy"]
-    ranks = sorted(last["val"].index)
-    return summarise_workers(
-        [float(last["val"][r]) for r in ranks], [float(last["test"][r]) for r in ranks]
+
+def _model_bytes(cfg: ExperimentConfig) -> float:
+    """Bytes of one gradient (= of the model's parameters) of ``cfg``."""
+    data = load_for(cfg)
+    params = count_parameters(build_model(cfg.model, data.input_shape, data.num_classes, seed=0))
+    return float(params * torch.empty((), dtype=cfg.dtype).element_size())
+
+
+def paper_table(results: Results) -> pd.DataFrame:
+    """:func:`scaledl_lab.analysis.comparison_table` of the comparison's runs, with the
+    simulator's one-worker time per epoch and the model's size filled in."""
+    return analysis.comparison_table(
+        results, one_worker_time=_one_worker_time, model_bytes=_model_bytes
     )
 
 
-def final_scores(rows: pd.DataFrame) -> dict[str, float]:
-    """Test accuracy of the worker best on *validation* at the last evaluation, plus the
-    mean and spread (max − min) of the workers' test accuracies there."""
-    if not (rows["kind"] == "val").any():
-        return {"best": math.nan, "mean": math.nan, "spread": math.nan}
-    s = best_worker(rows)
-    return {
-        "best": float(s["best_test_accuracy"]),
-        "mean": float(s["mean_test_accuracy"]),
-        "spread": float(s["max_test_accuracy"] - s["min_test_accuracy"]),
-    }
-
-
-def time_per_epoch(rows: pd.DataFrame) -> float:
-    train = rows[rows["kind"] == "train"]
-    if train.empty:
-        return math.nan
-    return float(train["time"].max() / max(train["epoch"].max(), 1e-9))
-
-
-def _server_bytes_per_round(rows: pd.DataFrame, workers: int) -> float:
-    """Bytes through the busiest server per round (one step of every worker)."""
-    servers = rows[rows["kind"] == "server"]
-    steps = (rows["kind"] == "train").sum()
-    if servers.empty or steps == 0:
-        return math.nan
-    per_server = servers["bytes_sent"].fillna(0) + servers["bytes_received"].fillna(0)
-    return float(per_server.max() / (steps / workers))
-
-
-def comparison_table(results: Results) -> pd.DataFrame:
-    """One row per run: accuracy (best-on-val worker, mean, spread), time per epoch (training
-    and evaluation), throughput speed-up over one worker, bytes per worker per step, server
-    traffic, staleness and straggler slowdown (time per epoch with the straggler / without)."""
-    frame = results.frame
-    records = []
-    for cfg in results.configs:
-        rows = frame[frame["run"] == cfg.label]
-        scores = final_scores(rows)
-        train = rows[rows["kind"] == "train"]
-        records.append(
-            {
-                "run": cfg.label,
-                "strategy": cfg.strategy,
-                "runtime": cfg.runtime,
-                "workers": cfg.workers,
-                "straggler": bool(cfg.stragglers),
-                "test_acc_best_worker": scores["best"],
-                "test_acc_mean": scores["mean"],
-                "test_acc_spread": scores["spread"],
-                "time_per_epoch_s": time_per_epoch(rows),
-                "bytes_per_worker_step": float(train["bytes_sent"].mean()),
-                "server_bytes_per_round": _server_bytes_per_round(rows, cfg.workers),
-                "staleness": float(train["staleness"].astype(float).mean()),
-            }
-        )
-    table = pd.DataFrame(records)
-    rates = throughput(frame).set_index("run")["samples_per_s"]
-    table["speedup_vs_1_worker"] = [_speedup(results, cfg, rates) for cfg in results.configs]
-    base = {
-        (r["strategy"], r["runtime"], r["run"].split(" · ")[0]): r["time_per_epoch_s"]
-        for r in records
-        if not r["straggler"]
-    }
-    table["straggler_slowdown"] = [
-        r["time_per_epoch_s"] / base.get((r["strategy"], r["runtime"], r["run"].split(" · ")[0]))
-        if r["straggler"]
-        else math.nan
-        for r in records
-    ]
-    return table
-
-
-def _speedup(results: Results, cfg: ExperimentConfig, rates: pd.Series) -> float:
-    """Steady-state samples/s of this run over one worker's. On Dask the one-worker run was
-    measured; on the simulator one worker's rate follows from the same cost model (a lone
-    worker only computes)."""
-    rate = float(rates.get(cfg.label, math.nan))
-    if cfg.runtime == "dask":
-        ones = [c for c in results.configs if c.runtime == "dask" and c.workers == 1]
-        return rate / float(rates.get(ones[0].label, math.nan)) if ones else math.nan
-    from .cost import build_cost_model
-    from .models import model_flops
-    from .worker import load_for
-
-    data = load_for(cfg)
-    cost = build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes))
-    return rate / (cfg.batch_size / cost.compute.step_time(cfg.batch_size))
-
-
-def verdicts(table: pd.DataFrame) -> list[str]:
-    """The paper's claims, each marked supported or not by the measured table."""
-    sim = table[(table["runtime"] == "sim") & ~table["straggler"]].set_index("run")
-    strag = table[table["straggler"]].set_index("run")
-    out = []
-
-    def row(prefix: str, frame: pd.DataFrame) -> pd.Series | None:
-        hits = [r for r in frame.index if r.startswith(prefix + " ·")]
-        return frame.loc[hits[0]] if hits else None
-
-    sync, nnt_t, nnt_r = row("allreduce", sim), row("nnt-torus", sim), row("nnt-ring", sim)
-    ps_sync, ps_async = row("ps-sync", sim), row("ps-async", sim)
-
-    def mark(ok: bool) -> str:
-        return "**supported**" if ok else "**not supported**"
-
-    if sync is not None and nnt_t is not None:
-        gap = 100 * (sync["test_acc_best_worker"] - nnt_t["test_acc_best_worker"])
-        out.append(
-            f"- NNT reaches the accuracy of synchronous SGD (best worker within 2 points, same "
-            f"epochs): {mark(gap <= 2)} — torus {nnt_t['test_acc_best_worker']:.2%} vs "
-            f"allreduce {sync['test_acc_best_worker']:.2%} ({gap:+.1f} points behind)."
-        )
-    if nnt_t is not None and ps_sync is not None:
-        out.append(
-            f"- NNT's traffic per worker stays bounded by its degree while a parameter server's "
-            f"grows with the workers: NNT torus sends {nnt_t['bytes_per_worker_step'] / 2**20:.1f} "
-            f"MiB per worker per step (4 neighbours); the busiest of {PS_SERVERS} PS servers "
-            f"moves {ps_sync['server_bytes_per_round'] / 2**20:.1f} MiB per round of "
-            f"{SIM_WORKERS} steps (tests/test_communication_scaling.py sweeps N = 4 … 64: "
-            "constant per NNT worker, linear at a server)."
-        )
-    if sync is not None and nnt_t is not None and ps_sync is not None:
-        best_global = min(sync["time_per_epoch_s"], ps_sync["time_per_epoch_s"])
-        faster = nnt_t["time_per_epoch_s"] < (1 - MARGIN) * best_global
-        out.append(
-            f"- NNT trains faster per epoch than the global patterns (by more than "
-            f"{MARGIN:.0%}): {mark(faster)} — time per "
-            f"epoch NNT torus {nnt_t['time_per_epoch_s']:.2f} s, allreduce "
-            f"{sync['time_per_epoch_s']:.2f} s, PS sync {ps_sync['time_per_epoch_s']:.2f} s "
-            f"(simulated, {SIM_WORKERS} workers)."
-        )
-    s_sync, s_nnt = row("allreduce", strag), row("nnt-torus", strag)
-    s_async = row("ps-async", strag)
-    if s_sync is not None and s_nnt is not None:
-        ok = s_nnt["straggler_slowdown"] < (1 - MARGIN) * s_sync["straggler_slowdown"]
-        out.append(
-            f"- NNT is not coupled to the slowest worker the way synchronous SGD is: {mark(ok)} — "
-            f"one worker 4× slower stretches an epoch ×{s_sync['straggler_slowdown']:.2f} for "
-            f"allreduce, ×{s_nnt['straggler_slowdown']:.2f} for NNT torus"
-            + (
-                f", ×{s_async['straggler_slowdown']:.2f} for async PS."
-                if s_async is not None
-                else "."
-            )
-        )
-    if ps_async is not None and sync is not None:
-        gap = 100 * (sync["test_acc_best_worker"] - ps_async["test_acc_best_worker"])
-        out.append(
-            f"- Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in accuracy: "
-            f"{mark(gap > 0)} — {ps_async['test_acc_best_worker']:.2%} vs synchronous "
-            f"{sync['test_acc_best_worker']:.2%}."
-        )
-    if nnt_r is not None and nnt_t is not None:
-        out.append(
-            f"- Torus vs ring (diameter 4 vs 8 at 16 workers): best worker "
-            f"{nnt_t['test_acc_best_worker']:.2%} vs {nnt_r['test_acc_best_worker']:.2%}, "
-            f"spread across workers {100 * nnt_t['test_acc_spread']:.1f} vs "
-            f"{100 * nnt_r['test_acc_spread']:.1f} points."
-        )
-    return out
+def traffic_summary(traffic: Results) -> pd.DataFrame:
+    """:func:`scaledl_lab.analysis.traffic_table` of the traffic sweep, with the model's size."""
+    return analysis.traffic_table(traffic, model_bytes=_model_bytes)
 
 
 def report_markdown(table: pd.DataFrame) -> str:
@@ -321,6 +196,23 @@ def report_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def traffic_markdown(traffic: pd.DataFrame) -> str:
+    """The traffic sweep as a markdown table: MiB per worker per step (and per round at the
+    busiest server), one column per worker count."""
+    sent = traffic.pivot(index="method", columns="workers", values="bytes_per_worker_step")
+    server = traffic[traffic["servers"] > 0]
+    server = server.pivot(index="method", columns="workers", values="server_bytes_per_round")
+    rows = [(m, "sent/worker/step", r) for m, r in sent.iterrows()]
+    rows += [(m, "busiest server/round", r) for m, r in server.iterrows()]
+    ns = list(sent.columns)
+    lines = ["| method | MiB | " + " | ".join(f"N = {n}" for n in ns) + " |"]
+    lines.append("| :--- | :--- | " + " | ".join("---:" for _ in ns) + " |")
+    for method, what, r in rows:
+        cells = ["n/a" if math.isnan(r.get(n, math.nan)) else f"{r[n] / 2**20:.2f}" for n in ns]
+        lines.append(f"| {method} | {what} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def reproduce(
     *,
     is_quick: bool,
@@ -329,32 +221,47 @@ def reproduce(
     client: Any = None,
     progress: bool = True,
     configs: list[ExperimentConfig] | None = None,
+    traffic: list[ExperimentConfig] | None = None,
 ) -> Results:
-    """Run the comparison and write the results folder (table, config, plots, summary.md)."""
+    """Run the comparison and the traffic sweep (simulated, into ``out/traffic``) and write the
+    results folder (tables, config, plots, summary.md)."""
     configs = configs or paper_configs(is_quick)
+    traffic = traffic if traffic is not None else traffic_configs(is_quick)
     results = compare(configs, address=address, client=client, out=out, progress=progress)
-    write_report(results, Path(out))
+    sweep = compare(traffic, out=Path(out) / "traffic", progress=False, log=None)
+    write_report(results, Path(out), sweep)
     return results
 
 
-def write_report(results: Results, out: Path) -> pd.DataFrame:
-    """Add the comparison table and the verdicts to summary.md (and comparison.csv)."""
-    table = comparison_table(results)
+def write_report(results: Results, out: Path, traffic: Results | None = None) -> pd.DataFrame:
+    """Add the comparison table, the traffic sweep and the verdicts to summary.md (and
+    comparison.csv, traffic.csv); returns the comparison table."""
+    table = paper_table(results)
     table.to_csv(out / "comparison.csv", index=False)
+    sweep = traffic_summary(traffic) if traffic is not None else None
     lines = [
         "",
         "## The paper comparison",
         "",
         "Accuracy is that of the worker best on the validation split (never the test split), "
         "with the mean and spread over workers; time is wall-clock on Dask and virtual on the "
-        "simulator (cost model: compute profile and network of each run's config.json).",
+        "simulator (cost model: compute profile and network of each run's config.json), per "
+        "epoch in the steady state (from the first step on), and the speed-up is one worker's "
+        "time per epoch over the run's.",
         "",
         report_markdown(table),
-        "## Claims of the paper, checked against these figures",
-        "",
-        *verdicts(table),
-        "",
     ]
+    if sweep is not None and not sweep.empty:
+        sweep.to_csv(out / "traffic.csv", index=False)
+        lines += [
+            "## Traffic as the workers grow (simulated sweep)",
+            "",
+            "Two steps per run; a server's bytes per round include each worker's first and last "
+            "pull, spread over the two rounds.",
+            "",
+            traffic_markdown(sweep),
+        ]
+    lines += ["## Claims of the paper, checked against these figures", "", *verdicts(table, sweep)]
     with (out / "summary.md").open("a") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join([*lines, ""]))
     return table

@@ -1,4 +1,4 @@
-"""Scaling studies on the simulated runtime: speed-up, efficiency, and per-worker timelines.
+"""Scaling studies on the simulated runtime: speed-up, efficiency, traffic, per-worker timelines.
 
 Weak scaling, as in the paper (the per-worker batch is fixed, the effective batch grows):
 speed-up S(N) = N · t_step(1) / t_step(N), efficiency E(N) = S(N) / N. Synchronous data
@@ -8,6 +8,7 @@ and the compute/communication ratio decides how far it scales.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from .analysis import TRAFFIC, method_label, traffic_table
 from .config import ExperimentConfig
 from .experiment import compare
 
@@ -87,6 +89,61 @@ def scaling_sweep(
     table["efficiency"] = table["speedup"] / table["workers"]
     table["compute_comm_ratio"] = table["compute_s"] / table["comm_s"].replace(0.0, np.nan)
     return table
+
+
+TRAFFIC_WORKERS = (4, 16, 64)
+TRAFFIC_EVAL = 64  # samples in each evaluation split of a traffic run (only the bytes matter)
+
+
+def _square_torus(workers: int) -> str | None:
+    side = math.isqrt(workers)
+    return f"torus:{side}x{side}" if side * side == workers and side >= 3 else None
+
+
+def traffic_configs(
+    base: ExperimentConfig,
+    methods: Sequence[dict[str, Any]],
+    workers: Sequence[int] = TRAFFIC_WORKERS,
+    steps: int = 2,
+) -> list[ExperimentConfig]:
+    """Tiny simulated runs of each method at each worker count, to measure how traffic scales.
+
+    Each run takes ``steps`` steps on ``max(workers) × batch × steps`` training samples (one
+    subset for all) with small evaluation splits; ``methods`` are config changes, where
+    ``topology="torus"`` stands for the square torus of each worker count (counts without one,
+    such as 4, are skipped). Runs are named ``traffic · METHOD · Nw``.
+    """
+    small = dict(
+        runtime="sim",
+        epochs=1,
+        max_steps=steps,
+        train_subset=max(workers) * base.batch_size * steps,
+        val_size=min(base.val_size, TRAFFIC_EVAL),
+        test_subset=min(base.test_subset or TRAFFIC_EVAL, TRAFFIC_EVAL),
+        stragglers=None,
+    )
+    runs = []
+    for changes in methods:
+        for n in workers:
+            topology = changes.get("topology", base.topology)
+            if topology == "torus" and (topology := _square_torus(n)) is None:
+                continue
+            cfg = base.replace(**{**small, **changes, "topology": topology, "workers": n})
+            runs.append(cfg.replace(name=f"{TRAFFIC} · {method_label(cfg)} · {n}w"))
+    return runs
+
+
+def traffic_sweep(
+    base: ExperimentConfig,
+    methods: Sequence[dict[str, Any]],
+    workers: Sequence[int] = TRAFFIC_WORKERS,
+    steps: int = 2,
+) -> pd.DataFrame:
+    """Run :func:`traffic_configs` on the simulator; one row per run (see
+    :func:`scaledl_lab.analysis.traffic_table`): method, workers, bytes per worker per step,
+    bytes through the busiest server per round."""
+    results = compare(traffic_configs(base, methods, workers, steps), progress=False, log=None)
+    return traffic_table(results)
 
 
 def plot_speedup(table: pd.DataFrame, ax: Axes | None = None) -> Figure:

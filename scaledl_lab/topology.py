@@ -138,3 +138,15 @@ def request_schedule(spec: str, workers: int, rank: int, steps: int, seed: int) 
         return []
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
     return [options[i] for i in torch.randint(len(options), (steps,), generator=gen).tolist()]
+
+
+def reachability(spec: str, workers: int, hops: int, source: int = 0) -> list[int]:
+    """How many workers an update from ``source`` has reached after 1, 2, …, ``hops`` steps
+    (``source`` included), if every step passes what a worker holds to its neighbours: the
+    nonzero entries of row ``source`` of (I + A)^k, A the adjacency matrix."""
+    reach = torch.eye(workers, dtype=torch.float64) + adjacency(spec, workers)
+    power, reached = torch.eye(workers, dtype=torch.float64), []
+    for _ in range(hops):
+        power = (power @ reach).clamp(max=1.0)
+        reached.append(int((power[source] > 0).sum()))
+    return reached

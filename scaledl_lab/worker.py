@@ -9,7 +9,6 @@ config so that a runtime (which knows nothing of either) can run it on every ran
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,71 +19,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ExperimentConfig
-from .data import (
-    Dataset,
-    DataSplits,
-    epoch_batches,
-    load_dataset,
-    shard_indices,
-    steps_per_epoch,
-)
+from .data import Dataset, DataSplits, epoch_batches, shard_indices, steps_per_epoch
 from .errors import DivergenceError
 from .metrics import Row, record
 from .models import build_model
 from .params import state_dict_cpu
+from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
 from .runtime.base import Comm, Emit
+
+__all__ = [
+    "BoundProgram",
+    "Program",
+    "StepStats",
+    "WorkerContext",
+    "check_finite",
+    "load_for",
+    "lr_of",
+    "make_optimizer",
+    "steps_per_epoch_of",
+    "total_steps",
+]
 
 _TEMPLATES: dict[tuple[Any, ...], nn.Module] = {}
 EVAL_BATCH = 250  # small enough that activations stay in cache
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_dataset(
-    name: str,
-    data_dir: str | None,
-    val_size: int,
-    train_subset: int | None,
-    test_subset: int | None,
-    seed: int,
-) -> DataSplits:
-    # Kept per worker process so that a sweep loads each dataset once per worker.
-    return load_dataset(
-        name,
-        data_dir=data_dir,
-        val_size=val_size,
-        train_subset=train_subset,
-        test_subset=test_subset,
-        seed=seed,
-    )
-
-
-def load_for(cfg: ExperimentConfig) -> DataSplits:
-    """The data a config names (cached: every worker, the driver and the simulator use it)."""
-    return _cached_dataset(
-        cfg.dataset, cfg.data_dir, cfg.val_size, cfg.train_subset, cfg.test_subset, cfg.seed
-    )
-
-
-def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
-    """The optimiser named by the config (every worker and the sequential twin use this)."""
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def steps_per_epoch_of(cfg: ExperimentConfig) -> int:
-    """Steps every worker takes per epoch: all shards have ``n // replicas`` samples."""
-    return steps_per_epoch(len(load_for(cfg).train) // cfg.replicas, cfg.batch_size)
-
-
-def total_steps(cfg: ExperimentConfig) -> int:
-    """Steps every worker of a synchronous or decentralised run takes in all."""
-    steps = cfg.epochs * steps_per_epoch_of(cfg)
-    return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,22 @@ def test_quick_comparison_has_the_papers_runs():
     )
 
 
+def test_the_traffic_sweep_runs_nnt_and_a_server_at_growing_n_for_two_steps():
+    sweep = rp.traffic_configs(is_quick=True)
+    assert [c.label for c in sweep] == [
+        "traffic · nnt ring · 4w",
+        "traffic · nnt ring · 16w",
+        "traffic · nnt ring · 64w",
+        "traffic · nnt torus · 16w",
+        "traffic · nnt torus · 64w",
+        "traffic · ps-sync · 4w",
+        "traffic · ps-sync · 16w",
+        "traffic · ps-sync · 64w",
+    ]
+    assert {c.topology for c in sweep if c.workers == 64} == {"ring", "torus:8x8", None}
+    assert all(c.runtime == "sim" and c.max_steps == 2 for c in sweep)
+
+
 def test_report_from_a_small_run(client, tmp_path):
     configs = [
         c.replace(train_subset=3200, test_subset=300, val_size=300, epochs=1, batch_size=32)
@@ -39,11 +55,18 @@ def test_report_from_a_small_run(client, tmp_path):
     assert "## The paper comparison" in summary and "Claims of the paper" in summary
     for cfg in configs:
         assert cfg.label in table
-    cmp = rp.comparison_table(results).set_index("run")
+    assert (tmp_path / "traffic" / "metrics.csv").is_file()
+    assert "traffic ·" not in (tmp_path / "metrics.csv").read_text()
+    # The sweep decides the traffic claim: NNT's bytes per worker are constant in N exactly.
+    claim = "stays constant as the workers grow (within 5%), while a parameter server's grows"
+    assert f"{claim} with them: **supported**" in summary
+    assert "nnt torus 10.22, 10.22 MiB at N = 16, 64 (4 gradients, one per neighbour)" in summary
+    cmp = rp.paper_table(results).set_index("run")
     data = load_for(configs[0])
     model_bytes = 4 * count_parameters(
         build_model("mlp", data.input_shape, data.num_classes, seed=0)
     )
+    assert (cmp["model_bytes"] == model_bytes).all()
     # NNT sends its whole gradient to each neighbour: 4 on the torus, 2 on a 16-ring.
     assert cmp.loc["nnt-torus · sim · 16w", "bytes_per_worker_step"] == pytest.approx(
         4 * model_bytes
@@ -52,6 +75,12 @@ def test_report_from_a_small_run(client, tmp_path):
         2 * model_bytes
     )
     assert cmp.loc["allreduce · dask · 1w", "speedup_vs_1_worker"] == pytest.approx(1.0)
+    # Speed-up and time per epoch agree: one worker's time per epoch over the run's.
+    one = cmp.loc["allreduce · dask · 1w", "time_per_epoch_s"]
+    dask = cmp[cmp["runtime"] == "dask"]
+    assert (dask["speedup_vs_1_worker"] * dask["time_per_epoch_s"]).to_list() == pytest.approx(
+        [one] * len(dask)
+    )
     for run, row in cmp.iterrows():
         assert 0.0 < row["test_acc_best_worker"] <= 1.0, run
         assert row["time_per_epoch_s"] > 0, run

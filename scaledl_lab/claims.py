@@ -1,0 +1,143 @@
+"""The paper's claims, each decided on measured tables (see :mod:`scaledl_lab.analysis`).
+
+:func:`verdicts` reads the comparison table (:func:`scaledl_lab.analysis.comparison_table`) and
+the traffic sweep (:func:`scaledl_lab.analysis.traffic_table`) and marks every claim
+**supported** or **not supported** by a stated rule. Every number in its text comes from the
+tables or from the configs they record (topology, straggler setting), never typed in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .cost import Stragglers
+from .topology import diameter
+
+MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
+ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many points
+# "Constant in N": within this fraction across N; "grows with N": by at least (1 − it) × N's growth.
+TRAFFIC_TOLERANCE = 0.05
+
+
+def _mark(ok: bool) -> str:
+    return "**supported**" if ok else "**not supported**"
+
+
+def _behind(points: float, other: str) -> str:
+    """``points`` (>0: behind) as words: "3.1 points behind X", "0.4 points ahead of X"."""
+    if round(points, 1) == 0:
+        return f"level with {other}"
+    return f"{abs(points):.1f} points {'behind' if points > 0 else 'ahead of'} {other}"
+
+
+def _mib(values: pd.Series) -> str:
+    return ", ".join(f"{v / 2**20:.2f}" for v in values) + " MiB"
+
+
+def _ns(workers: pd.Series) -> str:
+    return ", ".join(str(int(n)) for n in workers)
+
+
+def _slow_ranks(spec: str) -> str:
+    """The straggler setting in words: "rank 5 4× slower"."""
+    slow = Stragglers.parse(spec).slow
+    if not slow:
+        return f"stragglers {spec}"
+    return ", ".join(f"rank {r} {f:g}× slower" for r, f in sorted(slow.items()))
+
+
+def _pick(frame: pd.DataFrame, strategy: str, topology: str = "") -> pd.Series | None:
+    hits = frame[frame["strategy"] == strategy]
+    hits = hits[hits["topology"].fillna("").str.startswith(topology)]
+    return hits.iloc[0] if len(hits) else None
+
+
+def _traffic_verdict(traffic: pd.DataFrame) -> str | None:
+    """Constant per NNT worker, growing with N at a server: decided on the sweep's rows."""
+    nnt = traffic[traffic["strategy"].str.startswith("nnt")].sort_values(["method", "workers"])
+    ps = traffic[traffic["servers"] > 0].sort_values("workers")
+    if nnt.empty or ps["workers"].nunique() < 2:
+        return None
+    parts, flat = [], True
+    for method, rows in nnt.groupby("method", sort=False):
+        sent = rows["bytes_per_worker_step"]
+        flat &= bool(sent.max() <= (1 + TRAFFIC_TOLERANCE) * sent.min())
+        grads = (sent / rows["model_bytes"]).mean()
+        per = f" ({grads:.0f} gradients, one per neighbour)" if math.isfinite(grads) else ""
+        parts.append(f"{method} {_mib(sent)} at N = {_ns(rows['workers'])}{per}")
+    lo, hi = ps.iloc[0], ps.iloc[-1]
+    growth = hi["server_bytes_per_round"] / lo["server_bytes_per_round"]
+    more = hi["workers"] / lo["workers"]
+    grows = bool(growth >= (1 - TRAFFIC_TOLERANCE) * more)
+    return (
+        f"- NNT's traffic per worker stays constant as the workers grow (within "
+        f"{TRAFFIC_TOLERANCE:.0%}), while a parameter server's grows with them: "
+        f"{_mark(flat and grows)} — bytes a worker sends per step: {'; '.join(parts)}; the "
+        f"busiest server moves {_mib(ps['server_bytes_per_round'])} per round at N = "
+        f"{_ns(ps['workers'])} (×{growth:.1f} for ×{more:g} workers; simulated, "
+        f"{int(hi['servers'])} server{'s' if hi['servers'] > 1 else ''})."
+    )
+
+
+def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[str]:
+    """The paper's claims, each marked supported or not by the measured tables: ``table`` as
+    :func:`scaledl_lab.reproduce.paper_table` builds it (simulated runs decide), ``traffic`` as
+    :func:`scaledl_lab.reproduce.traffic_summary` does. A claim whose runs are missing is left
+    out; every number in the text comes from the tables or the configs they record."""
+    sim = table[(table["runtime"] == "sim") & ~table["straggler"]]
+    strag = table[table["straggler"]]
+    out = []
+    sync, ps_sync, ps_async = (_pick(sim, s) for s in ("allreduce", "ps-sync", "ps-async"))
+    nnt_t, nnt_r = _pick(sim, "nnt", "torus"), _pick(sim, "nnt", "ring")
+    acc = "test_acc_best_worker"
+    if sync is not None and nnt_t is not None:
+        gap = 100 * (sync[acc] - nnt_t[acc])
+        out.append(
+            f"- NNT reaches the accuracy of synchronous SGD (best worker within {ACC_POINTS:g} "
+            f"points, same epochs): {_mark(gap <= ACC_POINTS)} — torus {nnt_t[acc]:.2%}, "
+            f"{_behind(gap, 'allreduce')} ({sync[acc]:.2%})."
+        )
+    if traffic is not None and (line := _traffic_verdict(traffic)) is not None:
+        out.append(line)
+    if sync is not None and nnt_t is not None and ps_sync is not None:
+        t = "time_per_epoch_s"
+        faster = nnt_t[t] < (1 - MARGIN) * min(sync[t], ps_sync[t])
+        out.append(
+            f"- NNT trains faster per epoch than the global patterns (by more than "
+            f"{MARGIN:.0%}): {_mark(faster)} — time per epoch NNT torus {nnt_t[t]:.2f} s, "
+            f"allreduce {sync[t]:.2f} s, PS sync {ps_sync[t]:.2f} s (simulated, "
+            f"{int(nnt_t['workers'])} workers, steady state)."
+        )
+    s_sync, s_async = _pick(strag, "allreduce"), _pick(strag, "ps-async")
+    s_nnt = _pick(strag, "nnt", "torus")
+    if s_sync is not None and s_nnt is not None:
+        slow = "straggler_slowdown"
+        ok = s_nnt[slow] < (1 - MARGIN) * s_sync[slow]
+        also = f", ×{s_async[slow]:.2f} for async PS" if s_async is not None else ""
+        out.append(
+            f"- NNT is not coupled to the slowest worker the way synchronous SGD is: {_mark(ok)} "
+            f"— with {_slow_ranks(s_nnt['stragglers'])}, an epoch takes ×{s_sync[slow]:.2f} as "
+            f"long for allreduce, ×{s_nnt[slow]:.2f} for NNT torus{also}."
+        )
+    if ps_async is not None and sync is not None:
+        gap = 100 * (sync[acc] - ps_async[acc])
+        out.append(
+            f"- Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in "
+            f"accuracy: {_mark(gap > 0)} — {ps_async[acc]:.2%}, "
+            f"{_behind(gap, 'synchronous allreduce')} ({sync[acc]:.2%})."
+        )
+    if nnt_r is not None and nnt_t is not None:
+        n = int(nnt_t["workers"])
+        d_t = diameter(nnt_t["topology"], n)
+        d_r = diameter(nnt_r["topology"], int(nnt_r["workers"]))
+        spread_t, spread_r = 100 * nnt_t["test_acc_spread"], 100 * nnt_r["test_acc_spread"]
+        out.append(
+            f"- Information crosses the torus in fewer hops than the ring (diameter {d_t} vs "
+            f"{d_r} at {n} workers), so NNT's workers agree more on the torus: "
+            f"{_mark(spread_t < spread_r)} — spread of the workers' test accuracies "
+            f"{spread_t:.1f} vs {spread_r:.1f} points; best worker {nnt_t[acc]:.2%} vs "
+            f"{nnt_r[acc]:.2%}."
+        )
+    return out

@@ -1,0 +1,335 @@
+"""The analysis of results tables and the paper's verdicts, on small tables built by hand.
+
+No cluster and no training: every number below is chosen so that the expected value can be
+worked out on paper, and each verdict is shown flipping when the numbers that decide it flip.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from scaledl_lab import analysis, claims, topology
+from scaledl_lab.config import ExperimentConfig
+from scaledl_lab.metrics import to_frame
+
+MIB = 2**20
+
+# -- metrics tables ----------------------------------------------------------------------------
+
+
+def _row(run="r", world_size=1, **values):
+    base = dict(run=run, strategy="s", runtime="sim", world_size=world_size, samples=1)
+    return {**base, "bytes_sent": 0, **values}
+
+
+def _evals(run, val, test, step=10, world_size=None):
+    """val/test rows of each rank (``val[i]`` is rank i's), at ``step``."""
+    n = world_size or len(val)
+    rows = []
+    for rank, (v, t) in enumerate(zip(val, test, strict=True)):
+        for kind, acc in (("val", v), ("test", t)):
+            rows.append(_row(run, n, rank=rank, kind=kind, epoch=1.0, step=step, time=step,
+                             accuracy=acc))  # fmt: skip
+    return rows
+
+
+def test_best_worker_is_best_on_validation_and_a_nan_never_wins():
+    frame = to_frame(_evals("r", val=[0.5, math.nan, 0.7, 0.7], test=[0.1, 0.9, 0.3, 0.4]))
+    s = analysis.best_worker(frame)
+    assert s["best_rank"] == 2  # the NaN (diverged) worker is never best; ties: lowest rank
+    assert s["best_test_accuracy"] == 0.3
+    assert s["mean_test_accuracy"] == pytest.approx(0.425)
+    scores = analysis.final_scores(frame)
+    assert scores["best"] == 0.3 and scores["spread"] == pytest.approx(0.8)
+
+
+def test_best_worker_reads_each_ranks_last_evaluation_and_keeps_its_rank_number():
+    early = _evals("r", val=[0.9, 0.1, 0.1], test=[0.9, 0.1, 0.1], step=5)
+    late = _evals("r", val=[0.2, 0.6, math.nan], test=[0.2, 0.6, 0.5], step=10)
+    s = analysis.best_worker(to_frame(early + late))
+    assert s["worker_val_accuracy"][:2] == [0.2, 0.6] and math.isnan(s["worker_val_accuracy"][2])
+    assert s["best_rank"] == 1 and s["best_test_accuracy"] == 0.6
+    # Rank 1 was lost: the survivors are ranks 0 and 2, and the best is rank 2, not position 1.
+    survivors = _evals("r", val=[0.2, 0.0, 0.8], test=[0.2, 0.0, 0.7])
+    s = analysis.best_worker(to_frame([r for r in survivors if r["rank"] != 1]))
+    assert s["ranks"] == [0, 2] and s["best_rank"] == 2 and s["best_test_accuracy"] == 0.7
+    # A worker with a validation row but no test row counts as NaN in the test accuracies.
+    s = analysis.best_worker(to_frame(survivors[:-1]))
+    assert s["best_rank"] == 2 and math.isnan(s["best_test_accuracy"])
+
+
+def test_no_validation_split_gives_nan_scores_and_a_clear_error():
+    frame = to_frame([_row(rank=0, kind="test", epoch=1.0, step=3, time=1.0, accuracy=0.5)])
+    assert all(math.isnan(v) for v in analysis.final_scores(frame).values())
+    with pytest.raises(ValueError, match="val_size > 0"):
+        analysis.best_worker(frame)
+
+
+def _sync_train(run="sync", workers=2, steps_per_epoch=4, epochs=2, step_s=0.5, start=3.0,
+                slow=None):  # fmt: skip
+    """Local progress: rank r's k-th step ends at start + k·step_s (× its slowdown)."""
+    rows = []
+    for rank in range(workers):
+        dt = step_s * (slow.get(rank, 1.0) if slow else 1.0)
+        for k in range(1, epochs * steps_per_epoch + 1):
+            rows.append(_row(run, workers, rank=rank, kind="train", epoch=k / steps_per_epoch,
+                             step=k, time=start + k * dt, bytes_sent=100))  # fmt: skip
+    return rows
+
+
+def test_time_per_epoch_is_steady_state_from_the_first_step_on():
+    # 8 steps of 0.5 s after a 3 s start-up: first row at 3.5 s (epoch 0.25), last at 7 s.
+    frame = to_frame(_sync_train())
+    assert not analysis.has_global_progress(frame)
+    assert analysis.time_per_epoch(frame) == pytest.approx((7.0 - 3.5) / (2 - 0.25))  # = 2.0
+    # The start-up does not count: the same run starting at 0 has the same time per epoch.
+    assert analysis.time_per_epoch(to_frame(_sync_train(start=0.0))) == pytest.approx(2.0)
+
+
+def test_time_per_epoch_waits_for_the_last_rank_of_a_local_progress_run():
+    frame = to_frame(_sync_train(slow={1: 3.0}))  # rank 1: 1.5 s per step, from 4.5 s to 15 s
+    assert analysis.time_per_epoch(frame) == pytest.approx((15.0 - 4.5) / 1.75)  # = 3 × 2.0
+
+
+def _async_train(workers=2, per_epoch=4, epochs=2, step_s=0.5):
+    """Global progress: the servers apply one push every step_s / workers seconds; rows carry
+    it in ``epoch`` (capped at the end). After the end, each other rank logs a dropped push."""
+    rows, target = [], epochs * per_epoch
+    steps = dict.fromkeys(range(workers), 0)
+    for g in range(1, target + 1):
+        rank = (g - 1) % workers
+        steps[rank] += 1
+        rows.append(_row("async", workers, rank=rank, kind="train", epoch=g / per_epoch,
+                         step=steps[rank], time=g * step_s / workers,
+                         staleness=1.0))  # fmt: skip
+    for rank in range(workers):
+        if rank != (target - 1) % workers:  # its push in flight at the end is dropped
+            steps[rank] += 1
+            rows.append(_row("async", workers, rank=rank, kind="train", epoch=float(epochs),
+                             step=steps[rank], time=target * step_s / workers + 10.0,
+                             staleness=math.nan))  # fmt: skip
+    return rows
+
+
+def test_time_per_epoch_of_global_progress_ignores_dropped_pushes():
+    frame = to_frame(_async_train())
+    assert analysis.has_global_progress(frame)
+    # 8 pushes, one per 0.25 s: the end (epoch 2) at 2.0 s; the first row at 0.25 s, epoch 0.25;
+    # the dropped push logged 10 s later does not count.
+    assert analysis.time_per_epoch(frame) == pytest.approx((2.0 - 0.25) / (2 - 0.25))
+
+
+def test_traffic_per_worker_step_and_per_round_at_the_busiest_server():
+    rows = _sync_train(run="ps", workers=4, steps_per_epoch=2, epochs=1)  # 8 steps, 2 rounds
+    for i, (out, into) in enumerate([(300, 500), (1000, 600)]):
+        rows.append(_row("ps", 4, rank=4 + i, kind="server", epoch=1.0, step=9, time=9.0,
+                         bytes_sent=out, bytes_received=into))  # fmt: skip
+    frame = to_frame(rows)
+    assert analysis.bytes_per_worker_step(frame) == 100
+    assert analysis.server_bytes_per_round(frame) == pytest.approx(1600 / 2)
+    assert analysis.servers_of(frame) == 2
+    assert math.isnan(analysis.server_bytes_per_round(to_frame(_sync_train())))
+
+
+def test_speedup_and_time_per_epoch_agree_and_the_straggler_pairs_with_its_twin():
+    cfg = ExperimentConfig(strategy="allreduce", runtime="dask", workers=1, model="mlp")
+    one = cfg.replace(name="one")
+    two = cfg.replace(workers=2, name="two")
+    sim = cfg.replace(runtime="sim", workers=2, name="sim")
+    slow = sim.replace(stragglers="slow:1:3", name="sim slow")
+    rows = _sync_train("one", workers=1, steps_per_epoch=8, step_s=0.5, start=1.0)
+    rows += _sync_train("two", step_s=0.6, start=0.01)
+    rows += _sync_train("sim", step_s=0.4) + _sync_train("sim slow", step_s=0.4, slow={1: 3.0})
+    for run in ("one", "two", "sim", "sim slow"):
+        rows += _evals(run, val=[0.5], test=[0.5], world_size=2)
+    results = SimpleNamespace(frame=to_frame(rows), configs=[one, two, sim, slow])
+    table = analysis.comparison_table(results, one_worker_time=lambda c: 3.2).set_index("run")
+    t = table["time_per_epoch_s"]
+    assert t["one"] == pytest.approx(4.0) and t["two"] == pytest.approx(2.4)
+    assert t["sim"] == pytest.approx(1.6) and t["sim slow"] == pytest.approx(4.8)
+    # One worker's time per epoch over the run's: measured on Dask, modelled on the simulator.
+    speed = table["speedup_vs_1_worker"]
+    assert speed["one"] == 1.0 and speed["two"] == pytest.approx(4.0 / 2.4)
+    assert speed["sim"] == pytest.approx(3.2 / 1.6) and speed["sim slow"] == pytest.approx(
+        3.2 / 4.8
+    )
+    assert table["straggler_slowdown"]["sim slow"] == pytest.approx(3.0)
+    assert math.isnan(table["straggler_slowdown"]["sim"])
+    assert table.loc["sim slow", "stragglers"] == "slow:1:3"
+    assert math.isnan(analysis.comparison_table(results).loc[2, "speedup_vs_1_worker"])
+
+
+def test_traffic_table_names_each_method_by_strategy_and_topology():
+    cfgs = [
+        ExperimentConfig(strategy="nnt", runtime="sim", workers=9, topology="torus:3x3",
+                         name="traffic · nnt torus · 9w"),
+        ExperimentConfig(strategy="ps-sync", runtime="sim", workers=4,
+                         name="traffic · ps-sync · 4w"),
+        ExperimentConfig(strategy="allreduce", runtime="sim", workers=4, name="not traffic"),
+    ]  # fmt: skip
+    rows = _sync_train("traffic · nnt torus · 9w", workers=9) + _sync_train(
+        "traffic · ps-sync · 4w", workers=4
+    )
+    table = analysis.traffic_table(SimpleNamespace(frame=to_frame(rows), configs=cfgs))
+    assert list(table["method"]) == ["nnt torus", "ps-sync"]
+    assert list(table["workers"]) == [9, 4]
+    assert analysis.method_label(ExperimentConfig(strategy="nnt", workers=8)) == "nnt ring"
+
+
+def test_reachability_counts_the_workers_an_update_has_reached():
+    assert topology.reachability("ring", 16, 6) == [3, 5, 7, 9, 11, 13]
+    assert topology.reachability("torus:4x4", 16, 4) == [5, 11, 15, 16]
+    assert topology.reachability("complete", 16, 2) == [16, 16]
+
+
+# -- verdicts on synthetic comparison tables -------------------------------------------------
+
+SPEC = {"allreduce": None, "ps-sync": None, "ps-async": None, "nnt ring": "ring"}
+
+
+def _table(workers=16, torus="torus:4x4", straggler="slow:5:4", **changes):
+    """A comparison table as reproduce builds it; ``changes`` maps "method.column" to values."""
+    base = dict(runtime="sim", workers=workers, stragglers=None, straggler=False,
+                test_acc_best_worker=0.80, test_acc_spread=0.0, time_per_epoch_s=1.0,
+                staleness=math.nan, straggler_slowdown=math.nan)  # fmt: skip
+    rows = {
+        "allreduce": dict(strategy="allreduce", topology=None),
+        "ps-sync": dict(strategy="ps-sync", topology=None),
+        "ps-async": dict(
+            strategy="ps-async", topology=None, staleness=13.6, test_acc_best_worker=0.50
+        ),  # fmt: skip
+        "nnt-ring": dict(strategy="nnt", topology="ring", test_acc_spread=0.20),
+        "nnt-torus": dict(
+            strategy="nnt", topology=torus, test_acc_spread=0.10, time_per_epoch_s=1.2
+        ),  # fmt: skip
+        "allreduce-straggler": dict(strategy="allreduce", topology=None, straggler_slowdown=3.0),
+        "ps-async-straggler": dict(strategy="ps-async", topology=None, straggler_slowdown=1.0),
+        "nnt-torus-straggler": dict(strategy="nnt", topology=torus, straggler_slowdown=1.5),
+    }
+    records = []
+    for name, values in rows.items():
+        record = {**base, "run": name, **values}
+        if name.endswith("straggler"):
+            record.update(straggler=True, stragglers=straggler)
+        for key, value in changes.items():
+            method, column = key.split(".")
+            if method == name:
+                record[column] = value
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def _verdict(table, claim, traffic=None):
+    hits = [v for v in claims.verdicts(table, traffic) if claim in v]
+    assert len(hits) == 1, claims.verdicts(table, traffic)
+    return hits[0]
+
+
+ACCURACY = "NNT reaches the accuracy of synchronous SGD"
+
+
+def test_accuracy_verdict_flips_with_the_gap_and_says_behind_or_ahead():
+    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.785}), ACCURACY)
+    assert "(best worker within 2 points, same epochs): **supported**" in v
+    assert "torus 78.50%, 1.5 points behind allreduce (80.00%)." in v
+    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.497}), ACCURACY)
+    assert "**not supported** — torus 49.70%, 30.3 points behind allreduce (80.00%)." in v
+    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.83}), ACCURACY)
+    assert "**supported** — torus 83.00%, 3.0 points ahead of allreduce (80.00%)." in v
+    assert "level with allreduce" in _verdict(_table(), ACCURACY)
+
+
+FASTER = "NNT trains faster per epoch than the global patterns"
+
+
+def test_faster_per_epoch_verdict_flips_with_the_times_and_names_the_worker_count():
+    v = _verdict(_table(), FASTER)
+    assert "(by more than 5%): **not supported** — time per epoch NNT torus 1.20 s, " in v
+    assert "allreduce 1.00 s, PS sync 1.00 s (simulated, 16 workers, steady state)." in v
+    v = _verdict(
+        _table(workers=9, torus="torus:3x3", **{"nnt-torus.time_per_epoch_s": 0.9}), FASTER
+    )
+    assert "**supported** — time per epoch NNT torus 0.90 s" in v and "9 workers" in v
+    v = _verdict(_table(**{"nnt-torus.time_per_epoch_s": 0.96}), FASTER)  # inside the margin
+    assert "**not supported**" in v
+
+
+COUPLED = "NNT is not coupled to the slowest worker"
+
+
+def test_straggler_verdict_flips_and_reads_the_slowdown_from_the_setting():
+    v = _verdict(_table(), COUPLED)
+    assert "synchronous SGD is: **supported** — with rank 5 4× slower, an epoch takes ×3.00 " in v
+    assert "as long for allreduce, ×1.50 for NNT torus, ×1.00 for async PS." in v
+    v = _verdict(_table(straggler="slow:3:2.5", **{"nnt-torus-straggler.straggler_slowdown": 3.0}),
+                 COUPLED)  # fmt: skip
+    assert "**not supported** — with rank 3 2.5× slower, an epoch takes ×3.00" in v
+
+
+STALE = "Asynchronous PS pays for staleness"
+
+
+def test_staleness_verdict_flips_with_the_accuracy_gap():
+    v = _verdict(_table(), STALE)
+    assert "(mean 13.6) in accuracy: **supported** — 50.00%, 30.0 points behind synchronous " in v
+    assert "allreduce (80.00%)." in v
+    v = _verdict(_table(**{"ps-async.test_acc_best_worker": 0.81}), STALE)
+    assert "**not supported** — 81.00%, 1.0 points ahead of synchronous allreduce" in v
+
+
+MIXING = "Information crosses the torus in fewer hops than the ring"
+
+
+def test_torus_vs_ring_verdict_flips_with_the_spread_and_computes_the_diameters():
+    v = _verdict(_table(), MIXING)
+    assert "(diameter 4 vs 8 at 16 workers), so NNT's workers agree more on the torus: " in v
+    assert "**supported** — spread of the workers' test accuracies 10.0 vs 20.0 points; " in v
+    v = _verdict(_table(workers=9, torus="torus:3x3", **{"nnt-torus.test_acc_spread": 0.3}), MIXING)
+    assert "(diameter 2 vs 4 at 9 workers)" in v and "**not supported**" in v
+
+
+def _traffic(nnt_growth=1.0, server_growth=None):
+    """NNT sends degree × 1 MiB per step (× nnt_growth per 4× workers); the server moves
+    4 MiB per round at N = 4, growing ∝ N (or by ``server_growth`` per 4× workers)."""
+    rows = []
+    for n in (4, 16, 64):
+        k = math.log(n / 4, 4)  # 0, 1, 2
+        for method, degree in (("nnt ring", 2), ("nnt torus", 4)):
+            if method == "nnt torus" and n == 4:
+                continue
+            rows.append(dict(method=method, strategy="nnt", topology=method.split()[1],
+                             workers=n, servers=0, model_bytes=MIB,
+                             bytes_per_worker_step=degree * MIB * nnt_growth**k,
+                             server_bytes_per_round=math.nan))  # fmt: skip
+        growth = (n / 4) if server_growth is None else server_growth**k
+        rows.append(dict(method="ps-sync", strategy="ps-sync", topology=None, workers=n,
+                         servers=1, model_bytes=MIB, bytes_per_worker_step=MIB,
+                         server_bytes_per_round=4 * MIB * growth))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+TRAFFIC = "NNT's traffic per worker stays constant as the workers grow"
+
+
+def test_traffic_verdict_is_decided_by_the_sweep():
+    v = _verdict(_table(), TRAFFIC, _traffic())
+    assert "(within 5%), while a parameter server's grows with them: **supported** — " in v
+    assert "nnt ring 2.00, 2.00, 2.00 MiB at N = 4, 16, 64 (2 gradients, one per neighbour)" in v
+    assert "nnt torus 4.00, 4.00 MiB at N = 16, 64 (4 gradients, one per neighbour)" in v
+    assert "the busiest server moves 4.00, 16.00, 64.00 MiB per round at N = 4, 16, 64 " in v
+    assert "(×16.0 for ×16 workers; simulated, 1 server)." in v
+    assert "**not supported**" in _verdict(_table(), TRAFFIC, _traffic(nnt_growth=1.5))
+    assert "**not supported**" in _verdict(_table(), TRAFFIC, _traffic(server_growth=1.0))
+    assert not [v for v in claims.verdicts(_table()) if TRAFFIC in v]  # no sweep, no verdict
+
+
+def test_claims_without_their_runs_are_left_out():
+    table = _table()
+    assert len(claims.verdicts(table)) == 5
+    no_torus = table[table["topology"].fillna("") != "torus:4x4"]
+    texts = claims.verdicts(no_torus)
+    assert len(texts) == 1 and STALE in texts[0]
