@@ -20,7 +20,7 @@ from .config import ExperimentConfig, check_resources
 from .errors import ConfigError, RunError
 from .launch import RowsCallback
 from .launch import execute as execute_run
-from .metrics import METRIC_COLUMNS, to_frame
+from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .worker import load_for, steps_per_epoch_of, total_steps
 
 __all__ = ["METRIC_COLUMNS", "Results", "compare", "run", "to_frame", "total_steps"]
@@ -84,6 +84,7 @@ class Results:
     outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     out_dir: Path | None = None
     timelines: dict[str, list[Any]] = field(default_factory=dict)  # sim runs: runtime.sim.Event
+    events: pd.DataFrame = field(default_factory=lambda: events_frame([]))  # pipelines
 
     def timeline(self, run: str | None = None) -> pd.DataFrame:
         """A sim run's per-worker events (rank, kind, start, end) as a table."""
@@ -115,6 +116,8 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         self.frame.to_csv(out / "metrics.csv", index=False)
         self.frame.to_parquet(out / "metrics.parquet", index=False)
+        if len(self.events):
+            self.events.to_csv(out / "events.csv", index=False)
         meta = {"runs": [c.to_dict() for c in self.configs], "environment": environment_info()}
         (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
         plots.save_standard_plots(self.frame, out)
@@ -130,7 +133,9 @@ class Results:
         frame = pd.read_csv(out / "metrics.csv")
         meta = json.loads((out / "config.json").read_text())
         configs = [ExperimentConfig.from_dict(c) for c in meta["runs"]]
-        return cls(frame=frame, configs=configs, out_dir=out)
+        path = out / "events.csv"
+        events = pd.read_csv(path) if path.exists() else events_frame([])
+        return cls(frame=frame, configs=configs, out_dir=out, events=events)
 
 
 def _unique_labels(configs: Sequence[ExperimentConfig]) -> list[str]:
@@ -187,6 +192,7 @@ def compare(
     out_dir = Path(out) if out is not None else None
     append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
     rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     outputs: dict[str, list[dict[str, Any]]] = {}
     timelines: dict[str, list[Any]] = {}
 
@@ -199,6 +205,9 @@ def compare(
             def collect(
                 batch: list[dict[str, Any]], bar: Any = bar, per_epoch: int = per_epoch
             ) -> None:
+                if any(is_event(r) for r in batch):
+                    events.extend(r for r in batch if is_event(r))
+                    batch = [r for r in batch if not is_event(r)]
                 rows.extend(batch)
                 if append:
                     append(batch)
@@ -231,7 +240,13 @@ def compare(
         real = max(c.workers for c in configs if c.runtime != "sim")
         with connect(real, address, log=log) as own_client:
             execute(own_client)
-    results = Results(frame=to_frame(rows), configs=configs, outputs=outputs, timelines=timelines)
+    results = Results(
+        frame=to_frame(rows),
+        configs=configs,
+        outputs=outputs,
+        timelines=timelines,
+        events=events_frame(events),
+    )
     if out_dir:
         results.save(out_dir)
     return results

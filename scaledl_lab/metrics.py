@@ -38,6 +38,12 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "value", "calls",
 )  # fmt: skip
 
+# The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
+# on a stage, with its start and end time; rows reach the driver marked ``table="events"``.
+EVENT_COLUMNS: tuple[str, ...] = (
+    "run", "rank", "replica", "stage", "step", "micro_batch", "phase", "start", "end",
+)  # fmt: skip
+
 NAN = float("nan")
 
 
@@ -78,6 +84,15 @@ def record(
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The tidy table, columns in the documented order."""
     return pd.DataFrame(list(rows), columns=list(METRIC_COLUMNS))
+
+
+def is_event(row: dict[str, Any]) -> bool:
+    return row.get("table") == "events"
+
+
+def events_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The events table, columns in the documented order."""
+    return pd.DataFrame(list(rows), columns=list(EVENT_COLUMNS))
 
 
 def summarise_workers(val: list[float], test: list[float]) -> dict[str, Any]:

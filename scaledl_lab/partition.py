@@ -62,22 +62,23 @@ def parameter_names(model: nn.Module, owned: Sequence[nn.Module]) -> list[str]:
 
 def split_evenly(weights: Sequence[float], parts: int) -> list[int]:
     """Counts of contiguous, non-empty runs of ``weights`` whose largest sum is smallest
-    (ties: the earliest boundaries)."""
+    (ties: the smallest sum of squares, i.e. the most even; then the earliest boundaries)."""
     n = len(weights)
     if not 1 <= parts <= n:
         raise ValueError(f"cannot split {n} layers into {parts} non-empty stages")
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + float(w))
-    inf = float("inf")
-    # best[k][i]: the smallest largest-run over the first i layers cut into k runs.
+    inf = (float("inf"), float("inf"))
+    # best[k][i]: (largest run, sum of squared runs) over the first i layers cut into k runs.
     best = [[inf] * (n + 1) for _ in range(parts + 1)]
     cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
+    best[0][0] = (0.0, 0.0)
     for k in range(1, parts + 1):
         for i in range(k, n + 1):
             for j in range(k - 1, i):
-                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                run = prefix[i] - prefix[j]
+                cost = (max(best[k - 1][j][0], run), best[k - 1][j][1] + run * run)
                 if cost < best[k][i]:
                     best[k][i], cut[k][i] = cost, j
     counts, i = [], n

@@ -199,6 +199,27 @@ class WorkerContext:
             )
         )
 
+    def log_event(
+        self, *, step: int, micro_batch: int, phase: str, start: float, end: float
+    ) -> None:
+        """One forward or backward of a pipeline stage: a row of the events table."""
+        cfg = self.config
+        stage = self.rank % cfg.model_parallel_size
+        self.emit(
+            {
+                "table": "events",
+                "run": self.run_label,
+                "rank": self.rank,
+                "replica": self.data_rank,
+                "stage": stage,
+                "step": step,
+                "micro_batch": micro_batch,
+                "phase": phase,
+                "start": start,
+                "end": end,
+            }
+        )
+
     def keep_model(self, model: nn.Module, key: str = "state_dict") -> None:
         """Return ``model``'s final weights from this rank (CPU copies) under ``key``."""
         self.result[key] = state_dict_cpu(model)
@@ -251,10 +272,10 @@ class WorkerContext:
                 ).tolist()
             scores[kind] = correct / count
             if log:
-                self._log_eval(kind, epoch, step, loss_sum, correct, count)
+                self.log_eval(kind, epoch, step, loss_sum, correct, count)
         return scores
 
-    def _log_eval(
+    def log_eval(
         self,
         kind: str,
         epoch: float,
@@ -294,7 +315,7 @@ class WorkerContext:
             loss_sum, correct, count = totals.tolist()
             if self.comm.is_root:
                 sent = self.comm.bytes_sent - sent_before
-                self._log_eval(kind, epoch, step, loss_sum, correct, count, sent)
+                self.log_eval(kind, epoch, step, loss_sum, correct, count, sent)
 
 
 Program = Callable[[WorkerContext], Awaitable[None]]

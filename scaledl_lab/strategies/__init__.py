@@ -1,6 +1,6 @@
 """The strategies: one module per technique family, each registering its contract names."""
 
-from . import easgd, gossip, hogwild, local_sgd, nnt, parameter_server, sync_sgd
+from . import easgd, gossip, hogwild, local_sgd, nnt, parameter_server, pipeline, sync_sgd
 from .registry import STRATEGIES, ServerSpec, Strategy, get_strategy, register
 
 DESCRIPTIONS: dict[str, str] = {name: s.description for name, s in STRATEGIES.items()}
@@ -17,6 +17,7 @@ __all__ = [
     "local_sgd",
     "nnt",
     "parameter_server",
+    "pipeline",
     "register",
     "sync_sgd",
 ]
