@@ -118,6 +118,19 @@ def _parser() -> argparse.ArgumentParser:
         default=d["nnt_max_lead"].default,
         help="nnt, nnt-staged: steps a worker may run ahead of a neighbour's gradients",
     )
+    pipe = run.add_argument_group("model parallelism")
+    pipe.add_argument(
+        "--stages", type=int, default=None, help="pipelines: stages per replica (default: all)"
+    )
+    pipe.add_argument(
+        "--micro-batches", type=int, default=1, help="gpipe, 1f1b: micro-batches per mini-batch"
+    )
+    pipe.add_argument(
+        "--balance", default="params", help="pipelines: params | time | layers per stage 2,3,1"
+    )
+    pipe.add_argument(
+        "--recompute", action="store_true", help="gpipe, 1f1b: recompute forwards in backward"
+    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
@@ -155,7 +168,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         dc_adaptive=args.dc_adaptive,
         sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
         elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
-        nnt_max_lead=args.nnt_max_lead,
+        nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
+        balance=args.balance, recompute=args.recompute,
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 

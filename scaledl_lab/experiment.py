@@ -116,16 +116,29 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         self.frame.to_csv(out / "metrics.csv", index=False)
         self.frame.to_parquet(out / "metrics.parquet", index=False)
-        if len(self.events):
-            self.events.to_csv(out / "events.csv", index=False)
         meta = {"runs": [c.to_dict() for c in self.configs], "environment": environment_info()}
         (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
         plots.save_standard_plots(self.frame, out)
-        (out / "summary.md").write_text(
-            "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
-        )
+        text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
+        if len(self.events):
+            text += self._save_pipeline(out)
+        (out / "summary.md").write_text(text)
         self.out_dir = out
         return out
+
+    def _save_pipeline(self, out: Path) -> str:
+        """events.csv, a Gantt chart per pipeline run, and the summary's pipeline section."""
+        import matplotlib.pyplot as plt
+
+        from . import gantt
+
+        self.events.to_csv(out / "events.csv", index=False)
+        for run in self.events["run"].unique():
+            ax = gantt.plot_pipeline(self.events, run)
+            ax.figure.savefig(out / f"pipeline_{_file_name(run)}.png", dpi=100)
+            plt.close(ax.figure)
+        summary = gantt.summary_markdown(self.events, self.outputs, self.configs)
+        return "\n## Pipeline schedule\n\n" + summary
 
     @classmethod
     def load(cls, out_dir: str | os.PathLike[str]) -> Results:
@@ -136,6 +149,10 @@ class Results:
         path = out / "events.csv"
         events = pd.read_csv(path) if path.exists() else events_frame([])
         return cls(frame=frame, configs=configs, out_dir=out, events=events)
+
+
+def _file_name(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
 
 def _unique_labels(configs: Sequence[ExperimentConfig]) -> list[str]:

@@ -13,6 +13,7 @@ Every run records one row per worker per step or evaluation. Columns:
   which belong to no step), ``time`` (seconds since the start:
   wall-clock on Dask, virtual on the simulator);
 - ``loss``, ``accuracy``, ``samples``: of the mini-batch (train) or of the split (val/test);
+  where workers share a mini-batch (pipelines) only one of them counts its ``samples``;
 - ``bytes_sent``: what this worker (or server) sent for that row; ``bytes_received``: servers;
 - ``staleness``: asynchronous methods, the age in updates of what was applied;
 - ``lr``: the learning rate of that step;

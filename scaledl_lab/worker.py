@@ -182,8 +182,13 @@ class WorkerContext:
         lr: float = math.nan,
         staleness: float = math.nan,
         epoch: float | None = None,
+        counted: int | None = None,
     ) -> None:
-        """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default)."""
+        """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default).
+
+        ``counted``: the samples this row adds to the run's throughput, when several workers
+        share one mini-batch (a pipeline counts it once, on its last stage); default all.
+        """
         self.log(
             Row(
                 kind="train",
@@ -192,7 +197,7 @@ class WorkerContext:
                 time=self.comm.now(),
                 loss=stats.loss,
                 accuracy=stats.correct / stats.samples,
-                samples=stats.samples,
+                samples=stats.samples if counted is None else counted,
                 bytes_sent=sent,
                 staleness=staleness,
                 lr=lr,

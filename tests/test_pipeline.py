@@ -9,6 +9,8 @@ import torch
 from common import max_diff
 
 from scaledl_lab import ExperimentConfig, run
+from scaledl_lab.experiment import Results
+from scaledl_lab.gantt import bubble_summary, bubble_theory, step_bubbles
 from scaledl_lab.models import build_model
 from scaledl_lab.partition import boundary_shapes, layers, split_evenly, stage_counts
 from scaledl_lab.reference import train_sequential
@@ -200,12 +202,9 @@ def test_the_bubble_is_p_minus_1_over_m_plus_p_minus_1_with_equal_stages(
         dataset="fashion-mnist", train_subset=160, test_subset=16, val_size=16,
     )  # fmt: skip
     events = run(cfg, progress=False).events
-    step = events[events.step == 0]
-    span = step["end"].max() - step["start"].min()
-    busy = (step["end"] - step["start"]).groupby(step["stage"]).sum()
-    idle = 1 - (busy / span).mean()
-    theory = (stages - 1) / (micro_batches + stages - 1)
-    assert idle == pytest.approx(theory, abs=0.02)
+    idle = step_bubbles(events)["idle"].mean()
+    assert bubble_theory(stages, micro_batches) == (stages - 1) / (micro_batches + stages - 1)
+    assert idle == pytest.approx(bubble_theory(stages, micro_batches), abs=0.02)
 
 
 @pytest.mark.parametrize("strategy", ["gpipe", "1f1b"])
@@ -222,6 +221,26 @@ def test_peak_stashed_activations(strategy):
     else:
         assert peaks == [p - s for s in range(p)]
     assert all(o["peak_stashed_bytes"] > 0 for o in outs)
+
+
+def test_results_keep_the_events_and_summarise_the_pipeline(tmp_path):
+    cfg = ExperimentConfig(
+        strategy="gpipe", runtime="sim", workers=2, model="mlp", micro_batches=4,
+        batch_size=16, max_steps=3, **TINY,
+    )  # fmt: skip
+    res = run(cfg, progress=False, out=tmp_path)
+    assert len(res.events) == 2 * 2 * 4 * 3  # stages × phases × micro-batches × steps
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Pipeline schedule" in summary and "| gpipe-sim-2w | 2 | 4 |" in summary
+    assert (tmp_path / "pipeline_gpipe-sim-2w.png").stat().st_size > 0
+    loaded = Results.load(tmp_path)
+    assert loaded.events.equals(res.events)
+    table = bubble_summary(res.events, res.outputs)
+    assert list(table["peak_stashed"]) == [4, 4]
+    train = res.frame.query("kind == 'train'")
+    # A mini-batch counts once towards throughput (on the last stage); both log its loss.
+    assert list(train.groupby("rank")["samples"].sum()) == [0, 3 * 16]
+    assert (train.groupby("step")["loss"].nunique() == 1).all()
 
 
 # -- real Dask ------------------------------------------------------------------------------

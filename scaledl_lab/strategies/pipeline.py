@@ -237,7 +237,9 @@ async def train(ctx: WorkerContext) -> None:
             optimizer.step()
         step += 1
         lr = lr_of(optimizer) if optimizer is not None else math.nan
-        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr)
+        counted = stats.samples if stage.is_last else 0  # a mini-batch counts once per replica
+        sent = comm.bytes_sent - sent_before
+        ctx.log_train(step, stats, sent=sent, lr=lr, counted=counted)
         if ctx.is_boundary(step):
             await stage.evaluate(epoch=ctx.progress(step), step=step)
     state = model.state_dict()
