@@ -1,0 +1,108 @@
+"""Side by side, in one run: a 2-stage pipeline on 2 real Dask workers vs one plain process.
+
+The CNN split in two (balance by measured time) runs GPipe with M = 1, 4, 8 micro-batches on
+2 Dask workers (one thread each); a plain single-process PyTorch loop trains the same model on
+the same batches with one thread. For each M it prints samples/s of both and their ratio, the
+bubble measured from the events table beside (p − 1)/(M + p − 1), and the throughput the bubble
+alone would allow (p × one process × (1 − bubble theory), i.e. perfectly balanced stages and
+free communication). Runs alternate (ours, plain, ours, ...) and medians are reported. Then
+the tensor-parallel MLP (benchmarks/bench_tensor_parallel.py), when present.
+
+    python benchmarks/bench_pipeline.py [--micro-batches 1 4 8] [--steps 30] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from scaledl_lab import ExperimentConfig, run
+from scaledl_lab.cluster import connect
+from scaledl_lab.gantt import bubble_summary, bubble_theory
+from scaledl_lab.models import build_model
+from scaledl_lab.plots import throughput
+from scaledl_lab.runtime.memory import keep_freed_memory
+from scaledl_lab.worker import load_for
+
+DATA = dict(dataset="fashion-mnist", train_subset=20_000, test_subset=100, val_size=100)
+STAGES = 2
+
+
+def _config(micro_batches: int, batch: int, steps: int) -> ExperimentConfig:
+    return ExperimentConfig(
+        strategy="gpipe", workers=STAGES, model="cnn", micro_batches=micro_batches,
+        batch_size=batch, max_steps=steps, balance="time", lr=0.05, momentum=0.9, **DATA,
+    )  # fmt: skip
+
+
+def ours(client, micro_batches: int, batch: int, steps: int) -> tuple[float, float]:
+    """Steady-state samples/s of the pipeline, and its measured bubble (mean over stages)."""
+    res = run(_config(micro_batches, batch, steps), client=client, progress=False)
+    rate = float(throughput(res.frame)["samples_per_s"].iloc[0])
+    return rate, float(bubble_summary(res.events)["bubble"].mean())
+
+
+def plain(batch: int, steps: int) -> float:
+    """Samples/s of a plain one-thread PyTorch loop on the same model and batches."""
+    cfg = _config(1, batch, steps)
+    data = load_for(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    keep_freed_memory()
+    try:
+        model = build_model("cnn", data.input_shape, data.num_classes, seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        warm = max(1, steps // 10)
+        for i in range(steps):
+            if i == warm:
+                start = time.perf_counter()
+            idx = torch.arange(i * batch, (i + 1) * batch) % len(data.train)
+            opt.zero_grad()
+            F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+            opt.step()
+        return (steps - warm) * batch / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    print(f"GPipe, CNN in {STAGES} stages (balance by time) on {STAGES} Dask workers x 1 thread, "
+          f"batch {args.batch}, {args.steps} steps; medians of {args.repeats}")  # fmt: skip
+    print(f"{'M':>3} {'ours/s':>9} {'plain/s':>9} {'ratio':>6} {'bubble':>7} {'theory':>7} "
+          f"{'bubble-bound/s':>15}")  # fmt: skip
+    with connect(STAGES, dashboard=False, log=None) as client:
+        for m in args.micro_batches:
+            rates, bubbles, plains = [], [], []
+            for _ in range(args.repeats):
+                rate, bubble = ours(client, m, args.batch, args.steps)
+                rates.append(rate)
+                bubbles.append(bubble)
+                plains.append(plain(args.batch, args.steps))
+            rate, bubble, one = (statistics.median(v) for v in (rates, bubbles, plains))
+            theory = bubble_theory(STAGES, m)
+            bound = STAGES * one * (1 - theory)
+            print(f"{m:>3} {rate:>9.1f} {one:>9.1f} {rate / one:>6.2f} {bubble:>7.1%} "
+                  f"{theory:>7.1%} {bound:>15.1f}")  # fmt: skip
+    tensor = Path(__file__).with_name("bench_tensor_parallel.py")
+    if tensor.exists():
+        spec = importlib.util.spec_from_file_location("bench_tensor_parallel", tensor)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        print()
+        module.main([])
+
+
+if __name__ == "__main__":
+    main()
