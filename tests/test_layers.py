@@ -19,7 +19,7 @@ LAYERS: dict[str, int] = {
     "runtime": 2,
     "worker": 3,
     "strategies": 4,
-    "launch": 5, "analysis": 5, "claims": 5, "gantt": 5, "reference": 5, "plots": 5,
+    "launch": 5, "analysis": 5, "claims": 5, "gantt": 5, "diagrams": 5, "reference": 5, "plots": 5,
     "experiment": 6,
     "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
 }  # fmt: skip

@@ -1,0 +1,80 @@
+"""Diagrams of communication patterns, drawn by the library so that every notebook shows the
+pattern it teaches the same way: who holds what, and what travels between whom."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+FORWARD, BACKWARD, COLLECTIVE = "#4C72B0", "#DD8452", "#55A868"
+
+
+def _box(ax: Any, x: float, y: float, text: str, width: float = 1.6, height: float = 0.8) -> None:
+    ax.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height,
+                                boxstyle="round,pad=0.05", facecolor="#F2F2F2",
+                                edgecolor="black"))  # fmt: skip
+    ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+
+def _arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], colour: str,
+           label: str = "", both: bool = False) -> None:  # fmt: skip
+    style = "<|-|>" if both else "-|>"
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=12, color=colour,
+                                 linewidth=1.5))  # fmt: skip
+    if label:
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, label, ha="center",
+                va="bottom", fontsize=7, color=colour)  # fmt: skip
+
+
+def pipeline_diagram(stages: int, replicas: int = 1, layers: list[int] | None = None, ax=None):
+    """Stages in a row (one per worker), activations forward and gradients back between
+    neighbours; with several replicas, one row each and an allreduce linking every stage's
+    replicas (data × pipeline)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.3 * stages + 0.5, 1.5 * replicas + 0.6))
+    for r in range(replicas):
+        y = -1.6 * r
+        for s in range(stages):
+            rank = r * stages + s
+            detail = f"\n{layers[s]} layers" if layers else ""
+            _box(ax, 2.3 * s, y, f"stage {s}\nrank {rank}{detail}")
+            if s + 1 < stages:
+                _arrow(ax, (2.3 * s + 0.85, y + 0.15), (2.3 * s + 1.45, y + 0.15), FORWARD,
+                       "activations" if r == 0 else "")  # fmt: skip
+                _arrow(ax, (2.3 * s + 1.45, y - 0.15), (2.3 * s + 0.85, y - 0.15), BACKWARD)
+        if r == replicas - 1:
+            ax.text(2.3 * (stages - 1) / 2, y - 0.62, "backward: gradients of the activations",
+                    ha="center", fontsize=7, color=BACKWARD)  # fmt: skip
+    if replicas > 1:
+        for s in range(stages):
+            _arrow(ax, (2.3 * s - 0.95, 0), (2.3 * s - 0.95, -1.6 * (replicas - 1)), COLLECTIVE,
+                   both=True)  # fmt: skip
+        ax.text(2.3 * stages - 1.3, -0.8, "allreduce of\neach stage's\ngradients", fontsize=7,
+                color=COLLECTIVE)  # fmt: skip
+    ax.set(xlim=(-1.2, 2.3 * stages), ylim=(-1.6 * replicas + 0.6, 0.8))
+    ax.set_axis_off()
+    ax.set_title(f"pipeline: {stages} stages" + (f" × {replicas} replicas" if replicas > 1 else ""))
+    return ax
+
+
+def tensor_parallel_diagram(degree: int, ax=None):
+    """One MLP block split over ``degree`` workers: each holds a column slice of the first
+    Linear and the matching row slice of the second; one allreduce sums their partial outputs
+    (forward) and one sums the partial input gradients (backward)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.9 * degree + 1.0))
+    for k in range(degree):
+        y = -1.0 * k
+        _box(ax, 0, y, f"rank {k}: outputs {k + 1}/{degree} of W1", width=2.4, height=0.6)
+        _box(ax, 3.0, y, f"inputs {k + 1}/{degree} of W2", width=1.8, height=0.6)
+        _arrow(ax, (1.25, y), (2.05, y), FORWARD, "ReLU" if k == 0 else "")
+    _box(ax, 5.6, -0.5 * (degree - 1), "allreduce\n(sum)", width=1.3, height=0.8)
+    for k in range(degree):
+        _arrow(ax, (3.95, -1.0 * k), (4.9, -0.5 * (degree - 1)), COLLECTIVE)
+    ax.text(-1.3, 0.55, "x (every rank)", fontsize=8)
+    ax.set(xlim=(-1.5, 6.5), ylim=(-1.0 * degree + 0.3, 0.9))
+    ax.set_axis_off()
+    ax.set_title(f"tensor parallelism, degree {degree}: one allreduce forward, one backward")
+    return ax
