@@ -35,10 +35,12 @@ EPOCHS = 10
 LR = 0.01  # the rate of batch 128 (the reference batch): × 32 = 0.32 at 4096 with linear scaling
 LARS_LR = 10.0  # LARS's global rate (its trust coefficient 0.001 scales each layer's step)
 SMITH_LR = 0.05  # Smith et al.: decay 0.05 by 5 at epochs 3 and 6, or grow the batch by 5 there
+FIGURES = ("schedules", "gap", "warmup", "smith", "sharpness")
 
 
 def study_configs(is_quick: bool = False) -> dict[str, ExperimentConfig]:
-    """The runs by role: small, naive, scaled, warmup, lars, decay, grow."""
+    """The runs by role: small, naive, scaled, warmup, lars, too-large, too-large-warmup,
+    decay, grow."""
     data = dict(train_subset=8000, test_subset=2000, val_size=1000) if is_quick else {}
     common = dict(
         strategy="allreduce",
@@ -59,6 +61,10 @@ def study_configs(is_quick: bool = False) -> dict[str, ExperimentConfig]:
         "scaled": dict(name="linear-4096", lr_scaling="linear", **large),
         "warmup": dict(name="linear-warmup-4096", lr_scaling="linear", warmup_epochs=2, **large),
         "lars": dict(name="lars-4096", optimizer="lars", lr=LARS_LR, warmup_epochs=2, **large),
+        # Where linear scaling stops working: from 0.05 (1.6 at 4096), and from 0.02 with warmup.
+        "too-large": dict(name="linear-4096-from-0.05", lr_scaling="linear", lr=0.05, **large),
+        "too-large-warmup": dict(name="linear-warmup-4096-from-0.02", lr_scaling="linear",
+                                 lr=0.02, warmup_epochs=2, **large),
         "decay": dict(name="decay-lr-128", workers=1, batch_size=128, lr=SMITH_LR,
                       lr_schedule="step:3,6:0.2"),
         "grow": dict(name="grow-batch-128", workers=1, batch_size=128, lr=SMITH_LR,
@@ -89,26 +95,26 @@ class Study:
     def runs(self, *roles: str) -> dict[str, str]:
         return {role: self.roles[role] for role in roles}
 
-    def figures(self) -> dict[str, Any]:
-        """The study's figures by name, each titled with its claim and our verdict."""
-        claims, d = self.claims, self.diverged
-        n = len(load_for(self.configs["small"]).train)
-        schedules = {self.roles[r]: schedule_frame(self.configs[r], n // self.configs[r].replicas)
-                     for r in ("warmup", "lars", "decay", "grow")}  # fmt: skip
-        return {
-            "schedules": figure_schedules(schedules),
-            "gap": figure_accuracy(self.frame, self.runs("small", "naive"), claims["gap"], d),
-            "warmup": figure_accuracy(
-                self.frame,
-                self.runs("small", "naive", "scaled", "warmup", "lars"),
-                claims["warmup"],
-                d,
-            ),  # fmt: skip
-            "smith": figure_accuracy(
-                self.frame, self.runs("decay", "grow"), claims["smith"], d, by_updates=True
-            ),
-            "sharpness": figure_sharpness(self.sharpness, self.slice, self.roles, claims["sharp"]),
-        }
+    def figure(self, name: str) -> Any:
+        """One of :data:`FIGURES`, titled with its claim and our verdict (schedules: none)."""
+        claims, d, f = self.claims, self.diverged, self.frame
+        if name == "schedules":
+            n = len(load_for(self.configs["small"]).train)
+            return figure_schedules({
+                self.roles[r]: schedule_frame(self.configs[r], n // self.configs[r].replicas)
+                for r in ("warmup", "lars", "decay", "grow")
+            })  # fmt: skip
+        if name == "gap":
+            return figure_accuracy(f, self.runs("small", "naive"), claims["gap"], d)
+        if name == "warmup":
+            runs = self.runs("small", "naive", "scaled", "warmup", "lars")
+            return figure_accuracy(f, runs, claims["warmup"], d)
+        if name == "smith":
+            runs = self.runs("decay", "grow")
+            return figure_accuracy(f, runs, claims["smith"], d, by_updates=True)
+        if name == "sharpness":
+            return figure_sharpness(self.sharpness, self.slice, self.roles, claims["sharp"])
+        raise ValueError(f"unknown figure {name!r}; allowed: {', '.join(FIGURES)}")
 
     def save(self, out: str | Path) -> Path:
         out = Path(out)
@@ -122,7 +128,8 @@ class Study:
         (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
         import matplotlib.pyplot as plt
 
-        for name, fig in self.figures().items():
+        for name in FIGURES:
+            fig = self.figure(name)
             fig.savefig(out / f"{name}.png", dpi=90, bbox_inches="tight")
             plt.close(fig)
         (out / "summary.md").write_text(self.summary())
