@@ -124,7 +124,7 @@ class Results:
         if len(self.events):
             text += self._save_pipeline(out)
         (out / "summary.md").write_text(text)
-        self._save_weights(out)
+        self.save_weights(out)
         self.out_dir = out
         return out
 
@@ -137,10 +137,11 @@ class Results:
             merged.update(output.get("state_dict", {}))
         return merged
 
-    def _save_weights(self, out: Path) -> None:
+    def save_weights(self, out: str | os.PathLike[str]) -> None:
         """weights.pt: each run's final model (what ``scaledl-lab analyse`` reads back)."""
         import torch
 
+        out = Path(out)
         saved = {run: self.weights(run) for run in self.outputs if self.outputs[run]}
         if saved:
             torch.save(saved, out / "weights.pt")

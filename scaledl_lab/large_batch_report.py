@@ -89,7 +89,7 @@ def verdicts(
             gap >= GAP_POINTS,
         )
     }
-    recovered = 100 * (acc["warmup"] - acc["naive"]) / gap if gap > 0 else math.nan
+    recovered = 100 * (acc["warmup"] - acc["naive"]) / gap if gap > 0 else math.nan  # a share
     scaled = (
         "diverged without warmup"
         if roles["scaled"] in diverged
@@ -98,8 +98,8 @@ def verdicts(
     claims["warmup"] = Claim(
         "warmup",
         f"Linear scaling with warmup recovers ≥ {RECOVERED:.0%} of that gap (Goyal et al. 2017)",
-        f"{acc['warmup']:.1%} with warmup, {recovered:.0f}% of the gap; {scaled}",
-        gap > 0 and recovered >= 100 * RECOVERED,
+        f"{acc['warmup']:.1%} with warmup, {recovered:.0%} of the gap; {scaled}",
+        gap > 0 and recovered >= RECOVERED,
     )
     fewer = updates(frame, roles["decay"]) / max(1, updates(frame, roles["grow"]))
     diff = 100 * (acc["grow"] - acc["decay"])
@@ -116,7 +116,8 @@ def verdicts(
     eps = large["epsilon_sharpness"] / small["epsilon_sharpness"]
     claims["sharp"] = Claim(
         "sharp",
-        "Large-batch training converges to sharper minima (Keskar et al. 2016)",
+        "Large-batch training converges to sharper minima (Keskar et al. 2016): both measures "
+        f"≥ {SHARPER:g}×",
         f"top Hessian eigenvalue ×{eig:.2f}, ε-sharpness ×{eps:.2f} for the large batch",
         eig >= SHARPER and eps >= SHARPER,
     )
@@ -183,7 +184,8 @@ def plot_slice(line: pd.DataFrame, run_a: str, run_b: str, ax: Any = None) -> An
     ax.plot(line["alpha"], line["test_loss"], color="#C44E52", ls="--", label="test loss")
     for alpha, name in ((0.0, run_a), (1.0, run_b)):
         ax.axvline(alpha, color="grey", lw=0.8)
-        ax.annotate(name, (alpha, ax.get_ylim()[1]), fontsize=8, ha="center", va="bottom")
+        ax.text(alpha, 0.02, f" {name}", transform=ax.get_xaxis_transform(), fontsize=8,
+                rotation=90, va="bottom")  # fmt: skip
     ax.set_xlabel("α  (0: small-batch minimum, 1: large-batch minimum)")
     ax.set_ylabel("cross-entropy")
     ax.set_yscale("log")
@@ -214,11 +216,12 @@ def figure_sharpness(sharp: pd.DataFrame, line: pd.DataFrame, roles: dict[str, s
 def figure_schedules(schedules: dict[str, pd.DataFrame]) -> Any:
     """Learning rate and effective batch per epoch of each schedule (what the config implies)."""
     fig, (lr_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 3.6))
-    for name, table in schedules.items():
-        lr_ax.plot(table["epoch"], table["lr"], label=name)
-        batch_ax.plot(table["epoch"], table["effective_batch_size"], label=name)
-    lr_ax.set_ylabel("learning rate")
-    batch_ax.set_ylabel("effective batch")
+    for (name, table), style in zip(schedules.items(), ("-", "--", "-.", ":") * 3, strict=False):
+        lr_ax.plot(table["epoch"], table["lr"], ls=style, lw=2, label=name)
+        batch_ax.plot(table["epoch"], table["effective_batch_size"], ls=style, lw=2, label=name)
+    lr_ax.set_ylabel("learning rate (log scale)")
+    batch_ax.set_ylabel("effective batch (log scale)")
+    lr_ax.set_yscale("log")
     batch_ax.set_yscale("log")
     for ax in (lr_ax, batch_ax):
         ax.set_xlabel("epoch")

@@ -122,7 +122,8 @@ class Study:
         self.frame.to_csv(out / "metrics.csv", index=False, float_format="%.7g")
         self.sharpness.to_csv(out / "sharpness.csv", index=False)
         self.slice.to_csv(out / "slice.csv", index=False)
-        meta = {"roles": {r: c.to_dict() for r, c in self.configs.items()},
+        meta = {"runs": [c.to_dict() for c in self.configs.values()],  # as Results.load reads
+                "roles": {r: c.to_dict() for r, c in self.configs.items()},
                 "diverged": self.diverged, "seconds": self.seconds,
                 "environment": environment_info()}  # fmt: skip
         (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
@@ -175,11 +176,15 @@ def run_study(is_quick: bool = False, out: str | Path | None = None, log: Any = 
     frame = to_frame(rows)
     results = Results(frame=frame, configs=list(configs.values()), outputs=outputs)
     small, naive = configs["small"].label, configs["naive"].label
-    sharp = analyse(results, [small, naive, configs["warmup"].label])
+    minima = [small, naive, configs["warmup"].label]
+    sharp = analyse(results, minima)
+    # Keskar's ε = 1e-3 moves every weight of the MLP by 0.1% and can saturate; a tenth of it too.
+    sharp["epsilon_sharpness_1e-4"] = analyse(results, minima, epsilon=1e-4)["epsilon_sharpness"]
     line = loss_slice(results, small, naive)
     study = Study(frame, configs, sharp, line, diverged, seconds)
     if out is not None:
         study.save(out)
+        results.save_weights(out)  # not committed (.gitignore): for `scaledl-lab analyse`
     return study
 
 
