@@ -1,10 +1,12 @@
 """What the sharpness analysis costs: scaledl_lab.sharpness.analyse on the MLP against one epoch of
 the MLP's training (Fashion-MNIST, batch 128, a plain PyTorch loop, one process).
 
-    python benchmarks/bench_sharpness.py [--repeats 3] [--samples 1000]
+    python benchmarks/bench_sharpness.py [--repeats 3] [--samples 1000] [--threads 1]
 
 The analysis scores train (10k samples) and test accuracy, runs up to 20 power iterations of
-Hessian-vector products on the probe set, and 5 steps of ε-sharpness ascent. The two sides
+Hessian-vector products on the probe set, and 5 steps of ε-sharpness ascent. Both sides use
+the same number of threads (one by default: on a shared machine two OpenMP threads that wait for
+each other can make a plain epoch many times slower than it is). The two sides
 alternate and the median of the per-pair ratios is reported: this machine's speed drifts by
 ±20% over minutes. The issue's budget: a ratio below 1.
 """
@@ -56,7 +58,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     cfg = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=1, model="mlp", batch_size=128, lr=0.05
     )
