@@ -1,6 +1,6 @@
 """The strategies: one module per technique family, each registering its contract names."""
 
-from . import easgd, gossip, hogwild, local_sgd, nnt, parameter_server, sync_sgd
+from . import easgd, gossip, hogwild, local_sgd, nnt, parameter_server, sync_sgd, tensor_parallel
 from .registry import STRATEGIES, ServerSpec, Strategy, get_strategy, register
 
 DESCRIPTIONS: dict[str, str] = {name: s.description for name, s in STRATEGIES.items()}
@@ -19,4 +19,5 @@ __all__ = [
     "parameter_server",
     "register",
     "sync_sgd",
+    "tensor_parallel",
 ]
