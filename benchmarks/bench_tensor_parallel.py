@@ -9,7 +9,8 @@ bytes each worker sent per step, from the metrics table, beside the theory: one 
 batch × 512 float32 values per step, ring cost 2(p − 1)/p · n (the block's backward allreduce
 has nothing to send: its input is the data).
 
-    python benchmarks/bench_tensor_parallel.py [--batches 64 256 1024] [--steps 100] [--repeats 2]
+    python benchmarks/bench_tensor_parallel.py [--batches 64 256 1024] [--steps 50] [--repeats 2]
+        [--threads 1 2]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.cluster import connect
 from scaledl_lab.cost import ring_allreduce_bytes
-from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
+from scaledl_lab.data import DataSplits, epoch_batches, load_dataset, shard_indices
 from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
 
@@ -40,12 +41,11 @@ def epochs_for(batch: int, steps: int) -> int:
     return math.ceil((WARMUP + steps) / per_epoch)
 
 
-def plain_throughput(batch: int, steps: int, threads: int) -> float:
+def plain_throughput(data: DataSplits, batch: int, steps: int, threads: int) -> float:
     """One process, the unsplit MLP, the same batches as the tensor-parallel run."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        data = load_dataset("fashion-mnist", seed=0, **DATA)
         model = build_model("mlp", data.input_shape, 10, seed=0)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         shard = shard_indices(data.train.y, 1, 0, seed=0)
@@ -89,9 +89,13 @@ def ours_throughput(client, batch: int, steps: int) -> tuple[float, list[int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 2], help="threads of the plain process"
+    )
     args = parser.parse_args()
+    data = load_dataset("fashion-mnist", seed=0, **DATA)
 
     with connect(2, dashboard=False, log=None) as client:
         print(
@@ -100,19 +104,22 @@ def main() -> None:
             f"{args.repeats}"
         )
         print("ratio = ours / plain (samples/s of the model: both workers read the same batch)")
-        print(f"{'batch':>6} {'plain 1t':>9} {'plain 2t':>9} {'ours':>8} {'vs 1t':>6} {'vs 2t':>6}")
+        plain = [f"plain {t}t" for t in args.threads]
+        print(f"{'batch':>6} {'ours':>8} " + " ".join(f"{name:>9} {'ratio':>6}" for name in plain))
         traffic: dict[int, set[int]] = {}
         for batch in args.batches:
-            runs: dict[str, list[float]] = {"ours": [], "one": [], "two": []}
+            ours: list[float] = []
+            base: dict[int, list[float]] = {t: [] for t in args.threads}
             for _ in range(args.repeats):
                 rate, sent = ours_throughput(client, batch, args.steps)
-                runs["ours"].append(rate)
+                ours.append(rate)
                 traffic[batch] = set(sent)
-                runs["one"].append(plain_throughput(batch, args.steps, threads=1))
-                runs["two"].append(plain_throughput(batch, args.steps, threads=2))
-            o, p1, p2 = (statistics.median(runs[k]) for k in ("ours", "one", "two"))
+                for t in args.threads:
+                    base[t].append(plain_throughput(data, batch, args.steps, threads=t))
+            o = statistics.median(ours)
+            cells = [statistics.median(base[t]) for t in args.threads]
             print(
-                f"{batch:>6} {p1:>9.1f} {p2:>9.1f} {o:>8.1f} {o / p1:>6.2f} {o / p2:>6.2f}",
+                f"{batch:>6} {o:>8.1f} " + " ".join(f"{p:>9.1f} {o / p:>6.2f}" for p in cells),
                 flush=True,
             )
 
