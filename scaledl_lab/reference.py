@@ -45,6 +45,47 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def train_worker_mean(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
+    """Synchronous SGD in one process, done the way the workers do it: at each step every
+    worker's gradient of its own batch at the shared weights, summed in rank order, divided by
+    the number of workers, then one optimiser step; returns the final state_dict.
+
+    In exact arithmetic this is ``train_sequential``. In floating point it performs the very
+    operations of a run whose allreduce sums in rank order (the simulator's; gloo's a + b for
+    two workers), so with one thread per process the two agree bit for bit, in float32 too.
+    """
+    torch.set_num_threads(1)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+    model = model.to(cfg.dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(cfg, params)
+    shards = [
+        shard_indices(data.train.y, cfg.workers, r, scheme=cfg.sharding, seed=cfg.seed)
+        for r in range(cfg.workers)
+    ]
+    steps = []
+    for epoch in range(cfg.epochs):
+        per_rank = [
+            epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=epoch, rank=r)
+            for r, shard in enumerate(shards)
+        ]
+        steps += list(zip(*per_rank, strict=True))
+    for batches in steps[: cfg.max_steps]:
+        total: list[torch.Tensor] | None = None
+        for idx in batches:
+            loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            grads = [
+                torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+            ]
+            total = grads if total is None else [t + g for t, g in zip(total, grads, strict=True)]
+        assert total is not None
+        for p, t in zip(params, total, strict=True):
+            p.grad = t / cfg.workers
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 # -- per-worker data order ---------------------------------------------------------------------
 
 
