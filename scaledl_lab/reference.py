@@ -2,7 +2,12 @@
 
 Synchronous data parallelism on N workers with per-worker batch B must equal single-process
 training on the combined N·B batch, in the same data order. ``train_sequential`` builds those
-combined batches from the very same shards and per-epoch orders the workers use.
+combined batches from the very same shards and per-epoch orders the workers use;
+``train_worker_mean`` does the same arithmetic the way the workers do (their gradients summed
+in rank order), which float32 runs match bit for bit. The decentralised and asynchronous
+families have twins of their own: D-PSGD as the matrix recursion X ← W·X − lr·∇F(X_old)
+(``train_dpsgd_sequential``), and an asynchronous parameter server replayed push by push in
+the order its metrics table records (``server_push_order``, ``replay_async_server``).
 """
 
 from __future__ import annotations
