@@ -73,15 +73,24 @@ def bubble_summary(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any]]
 
 
 def plot_pipeline(
-    events: pd.DataFrame, run: str | None = None, step: int = 1, replica: int = 0, ax: Any = None
+    events: pd.DataFrame,
+    run: str | None = None,
+    step: int = 1,
+    replica: int = 0,
+    ax: Any = None,
+    from_zero: bool = False,
 ):
     """Gantt chart of one step of one replica: a row per stage, forwards and backwards as
-    bars labelled by micro-batch, the idle time (the bubble) shaded."""
+    bars labelled by micro-batch, the idle time (the bubble) shaded. ``from_zero`` counts
+    time from the step's start, so that the charts of several runs line up."""
     run = run or events["run"].iloc[0]
     rows = events[(events["run"] == run) & (events["replica"] == replica)]
     if step not in set(rows["step"]):
         step = int(rows["step"].min())
     rows = rows[rows["step"] == step]
+    if from_zero:
+        origin = rows["start"].min()
+        rows = rows.assign(start=rows["start"] - origin, end=rows["end"] - origin)
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 * rows["stage"].nunique() + 1.2))
     t0, t1 = rows["start"].min(), rows["end"].max()
@@ -94,7 +103,8 @@ def plot_pipeline(
             ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
                     va="center", fontsize=7, color="white")  # fmt: skip
     idle = step_bubbles(rows)["idle"].mean()
-    ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel="time (s)")
+    xlabel = "time from the step's start (s)" if from_zero else "time (s)"
+    ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel=xlabel)
     ax.invert_yaxis()
     ax.set_title(f"{run}, step {step}: bubble (hatched) {idle:.0%} of the step")
     return ax

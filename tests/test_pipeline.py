@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from common import max_diff
+from matplotlib.figure import Figure
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.experiment import Results
-from scaledl_lab.gantt import bubble_summary, bubble_theory, step_bubbles
+from scaledl_lab.gantt import bubble_summary, bubble_theory, plot_pipeline, step_bubbles
 from scaledl_lab.models import build_model
 from scaledl_lab.partition import boundary_shapes, layers, split_evenly, stage_counts
 from scaledl_lab.reference import train_sequential
@@ -258,6 +259,10 @@ def test_results_keep_the_events_and_summarise_the_pipeline(tmp_path):
     table = bubble_summary(res.events, res.outputs)
     assert list(table["peak_stashed"]) == [4, 4]
     assert max_diff(res.model_state_dict(), merged_state(res, cfg)) == 0.0
+    fig = Figure()
+    ax = plot_pipeline(res.events, step=2, ax=fig.subplots(), from_zero=True)
+    lefts = [bar.get_x() for bar in ax.patches]
+    assert min(lefts) == 0.0 and ax.get_xlabel() == "time from the step's start (s)"
     assert res.model_state_dict().keys() == build_model("mlp", (1, 28, 28), 10).state_dict().keys()
     train = res.frame.query("kind == 'train'")
     # A mini-batch counts once towards throughput (on the last stage); both log its loss.
