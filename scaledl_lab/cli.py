@@ -1,4 +1,4 @@
-"""The `scaledl-lab` command: reproduce, run, list, data, bench."""
+"""The `scaledl-lab` command: reproduce, run, list, data, bench, analyse."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import cli_large_batch
 from .config import (
     CONTRACT_STRATEGIES,
     DATASETS,
@@ -131,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     pipe.add_argument(
         "--recompute", action="store_true", help="gpipe, 1f1b: recompute forwards in backward"
     )
+    cli_large_batch.add_run_options(run)
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
@@ -147,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", choices=DATASETS)
     fetch.add_argument("--dest", default=None)
     data_sub.add_parser("info", help="which datasets are present, and where")
+
+    cli_large_batch.add_analyse(sub)
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
     bench.add_argument("name", nargs="?", default=None)
@@ -169,7 +173,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
         elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
         nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
-        balance=args.balance, recompute=args.recompute,
+        balance=args.balance, recompute=args.recompute, **cli_large_batch.config_options(args),
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 
@@ -247,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             calibrate(tuple(args.models), args.out)
         elif args.command == "bench":
             return _cmd_bench(args.name)
+        elif args.command == "analyse":
+            return cli_large_batch.cmd_analyse(args)
         elif args.command == "run":
             from .experiment import run
 

@@ -110,6 +110,16 @@ class ExperimentConfig:
     micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
     balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
     recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
+    # Large batches (scaledl_lab.large_batch); None: on in the recipe (scaling, warmup, LARS/LAMB).
+    lr_scaling: str = "none"  # "linear" | "sqrt": lr × (effective / reference batch) or its root
+    reference_batch_size: int = 256  # the effective batch at which ``lr`` is the rate
+    warmup_epochs: float = 0.0  # gradual warmup (Goyal et al. 2017); fractional allowed
+    lr_schedule: str = "constant"  # "step:E1,E2[:GAMMA]" | "cosine"
+    batch_schedule: str | None = None  # "E1,E2[:FACTOR]": batch × FACTOR at each (allreduce)
+    accumulate: int = 1  # micro-batches per update (allreduce, allreduce-naive)
+    trust_coefficient: float | None = None  # lars (default 0.001), lamb (default 1)
+    zero_init_residual: bool | None = None  # resnet18: γ = 0 closing every residual branch
+    no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
 
     def __post_init__(self) -> None:
         validate(self)
@@ -131,8 +141,9 @@ class ExperimentConfig:
 
     @property
     def effective_batch_size(self) -> int:
-        """Samples per update: ``batch_size`` per replica (per worker without model splits)."""
-        return self.replicas * self.batch_size
+        """Samples per update: ``batch_size`` per replica (per worker without model splits),
+        times ``accumulate`` micro-batches (at the start: a batch schedule grows it)."""
+        return self.replicas * self.batch_size * self.accumulate
 
     @property
     def dtype(self) -> torch.dtype:
@@ -235,6 +246,9 @@ def validate(cfg: ExperimentConfig) -> None:
 
     check_config(cfg)
     _validate_strategy_options(cfg)
+    from .large_batch_checks import check_config as check_large_batch
+
+    check_large_batch(cfg)
 
 
 def _validate_strategy_options(cfg: ExperimentConfig) -> None:

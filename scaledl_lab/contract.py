@@ -50,7 +50,12 @@ SERVER_STRATEGIES: tuple[str, ...] = (
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
 IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 PRECISIONS: tuple[str, ...] = ("float32", "float64")
+# Large batches (scaledl_lab.large_batch): the learning-rate scaling rules, and the strategies
+# that take micro-batch accumulation and batch-size schedules (synchronous allreduce).
+LR_SCALINGS: tuple[str, ...] = ("none", "linear", "sqrt")
+ACCUMULATE_STRATEGIES: tuple[str, ...] = ("allreduce", "allreduce-naive")
+BATCH_SCHEDULE_STRATEGIES: tuple[str, ...] = ("allreduce", "allreduce-naive")

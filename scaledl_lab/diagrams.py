@@ -78,3 +78,31 @@ def tensor_parallel_diagram(degree: int, ax=None):
     ax.set_axis_off()
     ax.set_title(f"tensor parallelism, degree {degree}: one allreduce forward, one backward")
     return ax
+
+
+def large_batch_diagram(workers: int = 4, accumulate: int = 2, ax=None):
+    """Where a large effective batch comes from: each of ``workers`` replicas runs
+    ``accumulate`` forward/backward passes on micro-batches of B samples, adding up gradients;
+    one allreduce averages them; every replica steps once, on workers × K × B samples."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.0 * accumulate + 5.0, 0.95 * workers + 1.1))
+    for w in range(workers):
+        y = -1.0 * w
+        for k in range(accumulate):
+            _box(ax, 1.9 * k, y, f"rank {w}: micro-batch {k + 1}\nforward, backward", width=1.7,
+                 height=0.6)  # fmt: skip
+            if k + 1 < accumulate:
+                _arrow(ax, (1.9 * k + 0.85, y), (1.9 * k + 1.05, y), FORWARD)
+        _arrow(ax, (1.9 * accumulate - 1.05, y), (1.9 * accumulate - 0.1, -0.5 * (workers - 1)),
+               COLLECTIVE)  # fmt: skip
+    x = 1.9 * accumulate + 0.6
+    _box(ax, x, -0.5 * (workers - 1), "allreduce\n(average)", width=1.3, height=0.8)
+    _box(ax, x + 2.0, -0.5 * (workers - 1), "one update\nlr(step)", width=1.3, height=0.8)
+    _arrow(ax, (x + 0.65, -0.5 * (workers - 1)), (x + 1.35, -0.5 * (workers - 1)), BACKWARD)
+    ax.text(-0.9, 0.55, "gradients add up over the micro-batches (1/K each)", fontsize=8,
+            color=FORWARD)  # fmt: skip
+    ax.set(xlim=(-1.0, x + 2.8), ylim=(-1.0 * workers + 0.4, 0.9))
+    ax.set_axis_off()
+    ax.set_title(f"effective batch = {workers} workers × {accumulate} micro-batches × B samples "
+                 "per update (--accumulate K)")  # fmt: skip
+    return ax

@@ -18,6 +18,7 @@ import pandas as pd
 
 from .config import ExperimentConfig, check_resources
 from .errors import ConfigError, RunError
+from .large_batch_checks import check_data as check_large_batch_data
 from .launch import RowsCallback
 from .launch import execute as execute_run
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
@@ -134,8 +135,34 @@ class Results:
         if len(self.events):
             text += self._save_pipeline(out)
         (out / "summary.md").write_text(text)
+        self.save_weights(out)
         self.out_dir = out
         return out
+
+    def weights(self, run: str | None = None) -> dict[str, Any]:
+        """A run's final model: every rank's parameters, the lowest rank's where they overlap
+        (pipeline stages each hold a part; replicas hold the same)."""
+        run = run or self.configs[0].label
+        merged: dict[str, Any] = {}
+        for output in reversed(self.outputs[run]):
+            merged.update(output.get("state_dict", {}))
+        return merged
+
+    def save_weights(self, out: str | os.PathLike[str]) -> None:
+        """weights.pt: each run's final model (what ``scaledl-lab analyse`` reads back)."""
+        import torch
+
+        out = Path(out)
+        saved = {run: self.weights(run) for run in self.outputs if self.outputs[run]}
+        if saved:
+            torch.save(saved, out / "weights.pt")
+
+    def sharpness(self, runs: Sequence[str] | None = None, **options: Any) -> pd.DataFrame:
+        """Sharpness and generalisation gap of each run's final model (see
+        :func:`scaledl_lab.sharpness.analyse`)."""
+        from .sharpness import analyse
+
+        return analyse(self, runs, **options)
 
     def _save_pipeline(self, out: Path) -> str:
         """events.csv, a Gantt chart per pipeline run, and the summary's pipeline section."""
@@ -159,7 +186,13 @@ class Results:
         configs = [ExperimentConfig.from_dict(c) for c in meta["runs"]]
         path = out / "events.csv"
         events = pd.read_csv(path) if path.exists() else events_frame([])
-        return cls(frame=frame, configs=configs, out_dir=out, events=events)
+        outputs: dict[str, list[dict[str, Any]]] = {}
+        if (out / "weights.pt").exists():
+            import torch
+
+            saved = torch.load(out / "weights.pt", weights_only=True)
+            outputs = {run: [{"state_dict": state}] for run, state in saved.items()}
+        return cls(frame=frame, configs=configs, outputs=outputs, out_dir=out, events=events)
 
 
 def _file_name(label: str) -> str:
@@ -191,6 +224,7 @@ def check_data(cfg: ExperimentConfig) -> None:
             f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
             "batch, fewer workers or more data"
         )
+    check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
 
 
 def compare(

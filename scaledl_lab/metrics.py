@@ -20,6 +20,8 @@ Every run records one row per worker per step or evaluation. Columns:
 - ``value``: the kind-specific measure of rows that have one (consensus: the consensus
   distance (1/N) Σ_i ||x_i − x̄||²);
 - ``calls``: servers, the calls they answered.
+- ``effective_batch_size``: train rows, the samples per update of that step as the config sets
+  it (workers × batch × accumulate, for every strategy; grown by a batch schedule).
 
 Columns a row has no value for are NaN.
 """
@@ -36,7 +38,7 @@ import torch
 METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
     "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
-    "value", "calls",
+    "value", "calls", "effective_batch_size",
 )  # fmt: skip
 
 # The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
@@ -65,6 +67,7 @@ class Row:
     bytes_received: float = NAN
     value: float = NAN
     calls: float = NAN
+    effective_batch_size: float = NAN
 
 
 def record(

@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 from .config import ExperimentConfig
-from .data import DataSplits, load_dataset, steps_per_epoch
+from .data import DataSplits, load_dataset
+from .large_batch import StepPlan, no_bias_decay_of, trust_coefficient_of
+from .optim import LAMB, LARS, param_groups
 
 
 @functools.lru_cache(maxsize=4)
@@ -44,6 +46,14 @@ def load_for(cfg: ExperimentConfig) -> DataSplits:
 
 def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
     """The optimiser named by the config (every worker and the sequential twin use this)."""
+    if no_bias_decay_of(cfg):  # biases and BatchNorm: no weight decay, no trust ratio
+        params = param_groups(params, cfg.weight_decay)
+    if cfg.optimizer == "lars":
+        return LARS(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
+    if cfg.optimizer == "lamb":
+        return LAMB(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                    trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(
             params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -53,12 +63,16 @@ def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
     return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def step_plan(cfg: ExperimentConfig) -> StepPlan:
+    """Where every worker's steps fall: all shards have ``n // replicas`` samples."""
+    return StepPlan.build(cfg, len(load_for(cfg).train) // cfg.replicas)
+
+
 def steps_per_epoch_of(cfg: ExperimentConfig) -> int:
-    """Steps every worker takes per epoch: all shards have ``n // replicas`` samples."""
-    return steps_per_epoch(len(load_for(cfg).train) // cfg.replicas, cfg.batch_size)
+    """Steps every worker takes per epoch (the first epoch's, with a batch schedule)."""
+    return step_plan(cfg).steps_per_epoch
 
 
 def total_steps(cfg: ExperimentConfig) -> int:
     """Steps every worker of a synchronous or decentralised run takes in all."""
-    steps = cfg.epochs * steps_per_epoch_of(cfg)
-    return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
+    return step_plan(cfg).total_steps

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import large_batch
 from .config import ExperimentConfig
 from .data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
 from .models import build_model
@@ -30,20 +31,32 @@ def combined_batches(cfg: ExperimentConfig, data: DataSplits, epoch: int) -> lis
     """Step t's combined batch: replica 0's t-th batch, then replica 1's, ... (sample indices;
     a replica is a worker unless the strategy splits the model over several)."""
     per_rank = []
+    size = _plan(cfg, data).batch_size(epoch) * cfg.accumulate  # one replica's update
     for rank in range(cfg.replicas):
         shard = shard_indices(data.train.y, cfg.replicas, rank, scheme=cfg.sharding, seed=cfg.seed)
-        per_rank.append(epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=epoch, rank=rank))
+        per_rank.append(epoch_batches(shard, size, seed=cfg.seed, epoch=epoch, rank=rank))
     return [torch.cat(parts) for parts in zip(*per_rank, strict=False)]
 
 
+def _plan(cfg: ExperimentConfig, data: DataSplits) -> large_batch.StepPlan:
+    """The workers' plan: built, as each worker builds it, from a shard's length."""
+    shard = shard_indices(data.train.y, cfg.replicas, 0, scheme=cfg.sharding, seed=cfg.seed)
+    return large_batch.StepPlan.build(cfg, len(shard))
+
+
 def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
-    """Plain single-process training on the combined batches; returns the final state_dict."""
+    """Plain single-process training on the combined batches; returns the final state_dict.
+
+    With ``accumulate`` K each worker's part of a batch is its K micro-batches at once; a batch
+    schedule grows it as the workers' does; every step runs at the workers' scheduled rate."""
     torch.set_num_threads(1)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    model = model.to(cfg.dtype)  # the workers copy the same seeded initial weights
+    model = large_batch.prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
     optimizer = make_optimizer(cfg, model.parameters())
+    plan = _plan(cfg, data)
     batches = [idx for epoch in range(cfg.epochs) for idx in combined_batches(cfg, data, epoch)]
-    for idx in batches[: cfg.max_steps]:
+    for step, idx in enumerate(batches[: plan.total_steps]):
+        large_batch.set_lr(optimizer, plan.lr(step))
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
         loss.backward()

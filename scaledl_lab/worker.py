@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ExperimentConfig
-from .data import Dataset, DataSplits, epoch_batches, shard_indices, steps_per_epoch
+from .data import Dataset, DataSplits, epoch_batches, shard_indices
 from .errors import DivergenceError
+from .large_batch import StepPlan, prepare_model, set_lr
 from .metrics import Row, record
 from .models import build_model
 from .params import state_dict_cpu
@@ -96,13 +97,10 @@ class WorkerContext:
         self.shard = shard_indices(
             self.data.train.y, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
         )
-        self.steps_per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
-        self.total_steps = total_steps(cfg)
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"each worker's shard has {len(self.shard)} samples, fewer than "
-                f"batch_size={cfg.batch_size}; use a smaller batch or more data"
-            )
+        # Steps per epoch, batch per epoch and the rate of every step (scaledl_lab.large_batch).
+        self.plan = StepPlan.build(cfg, len(self.shard))
+        self.steps_per_epoch = self.plan.steps_per_epoch
+        self.total_steps = self.plan.total_steps
 
     # -- model and data -------------------------------------------------------------------
 
@@ -115,10 +113,15 @@ class WorkerContext:
             # matters when the simulator builds hundreds of replicas.
             _TEMPLATES.clear()
             _TEMPLATES[key] = build_model(key[0], key[1], key[2], seed=key[3])
-        return copy.deepcopy(_TEMPLATES[key]).to(self.device, self.config.dtype)
+        model = prepare_model(self.config, copy.deepcopy(_TEMPLATES[key]))
+        return model.to(self.device, self.config.dtype)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return make_optimizer(self.config, model.parameters())
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Before local step ``step`` (0-based): the scheduled rate into every group; returned."""
+        return set_lr(optimizer, self.plan.lr(step))
 
     async def start(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         """The model and its optimiser, the model evaluated before training (all together)."""
@@ -128,12 +131,12 @@ class WorkerContext:
         return model, optimizer
 
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This worker's mini-batches for ``epoch``, in the order the sequential twin uses."""
+        """This worker's mini-batches for ``epoch``, in the order the sequential twin uses
+        (``accumulate`` micro-batches each; their size follows a batch schedule)."""
         train = self.data.train
         cfg = self.config
-        for idx in epoch_batches(
-            self.shard, cfg.batch_size, seed=cfg.seed, epoch=epoch, rank=self.data_rank
-        ):
+        size = self.plan.batch_size(epoch) * cfg.accumulate
+        for idx in epoch_batches(self.shard, size, seed=cfg.seed, epoch=epoch, rank=self.data_rank):
             yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
 
     def local_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -155,7 +158,7 @@ class WorkerContext:
 
     def is_boundary(self, step: int) -> bool:
         """After ``step`` local steps: the end of an epoch, or of the run."""
-        return step % self.steps_per_epoch == 0 or step == self.total_steps
+        return self.plan.is_boundary(step)
 
     # -- metrics --------------------------------------------------------------------------
 
@@ -200,6 +203,7 @@ class WorkerContext:
                 bytes_sent=sent,
                 staleness=staleness,
                 lr=lr,
+                effective_batch_size=self.plan.effective_batch(step - 1),
             )
         )
 
@@ -230,7 +234,7 @@ class WorkerContext:
 
     def progress(self, step: int) -> float:
         """Training progress in epochs after ``step`` local steps."""
-        return step / self.steps_per_epoch
+        return self.plan.progress(step)
 
     # -- evaluation -----------------------------------------------------------------------
 

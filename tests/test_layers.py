@@ -15,13 +15,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "scaledl_lab"
 LAYERS: dict[str, int] = {
     "errors": 0, "contract": 0,
     "config": 1, "topology": 1, "models": 1, "data": 1, "cost": 1, "metrics": 1, "params": 1,
-    "cluster": 1, "partition": 1, "plan": 1,
+    "cluster": 1, "partition": 1, "plan": 1, "large_batch": 1, "large_batch_checks": 1, "optim": 1,
     "runtime": 2,
     "worker": 3,
     "strategies": 4,
     "launch": 5, "analysis": 5, "claims": 5, "gantt": 5, "diagrams": 5, "reference": 5, "plots": 5,
+    "sharpness": 5, "large_batch_report": 5,
     "experiment": 6,
     "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
+    "cli_large_batch": 7, "large_batch_study": 7,
 }  # fmt: skip
 
 

@@ -31,7 +31,9 @@ async def local_gradient(
     step: int,
     apply: bool,
 ) -> StepStats:
-    """Forward and backward on this worker's batch (and the local update when ``apply``)."""
+    """Forward and backward on this worker's batch (and the local update when ``apply``);
+    the optimiser gets step ``step``'s scheduled rate for every update until the next call."""
+    ctx.set_lr(optimizer, step)
     async with ctx.comm.compute(len(y)):
         optimizer.zero_grad()
         out = model(x)

@@ -72,6 +72,7 @@ async def train(ctx: WorkerContext) -> None:
             if applied() >= target:  # the others finished the run while we computed
                 break
             staleness = counts[others].sum().item() - seen
+            ctx.set_lr(optimizer, step)  # the scheduled rate of this worker's step
             optimizer.step()  # in place on the shared vector, no lock
             counts[ctx.rank] += 1  # only this worker writes its slot
             step += 1

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ExperimentConfig
+from ..large_batch import prepare_model
 from ..models import build_model
 from ..params import flat_grad, load_param_vector, param_vector
 from ..worker import (
@@ -36,7 +37,7 @@ from ..worker import (
     steps_per_epoch_of,
     total_steps,
 )
-from .ps_server import ParameterServer, staleness_aware_lr
+from .ps_server import ParameterServer, scheduled_lr, staleness_aware_lr
 from .registry import ServerSpec, register
 
 
@@ -80,7 +81,7 @@ def initial_vector(cfg: ExperimentConfig) -> torch.Tensor:
     """The seeded model's parameters as one flat vector (what every worker starts from)."""
     data = load_for(cfg)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    return param_vector(model.to(cfg.dtype).parameters())
+    return param_vector(prepare_model(cfg, model).to(cfg.dtype).parameters())
 
 
 class ServerShards(ServerSpec):
@@ -217,6 +218,7 @@ async def train(ctx: WorkerContext) -> None:
     while shards.progress < target:
         x, y = next(batches)
         sent_before = comm.bytes_sent
+        base_lr = scheduled_lr(cfg, shards.progress, per_epoch, target)  # cfg.lr by default
         async with comm.compute(len(y)):
             model.zero_grad()
             out = model(x)
@@ -227,14 +229,14 @@ async def train(ctx: WorkerContext) -> None:
                 with torch.no_grad():
                     for p in shards.params:
                         if p.grad is not None:
-                            p.sub_(p.grad, alpha=cfg.lr)
+                            p.sub_(p.grad, alpha=base_lr)
         local_loss = loss.item()
         check_finite(local_loss, rank=ctx.rank, epoch=int(shards.progress // per_epoch), step=step)
         step += 1
         staleness = await exchange(shards, grad, step)
-        lr = cfg.lr
+        lr = base_lr
         if variant.rule == "staleness-aware" and not math.isnan(staleness):
-            lr = staleness_aware_lr(cfg.lr, staleness)  # what the servers applied (mean τ)
+            lr = staleness_aware_lr(base_lr, staleness)  # what the servers applied (mean τ)
         ctx.log_train(
             step,
             StepStats(local_loss, int((out.argmax(1) == y).sum().item()), len(y)),

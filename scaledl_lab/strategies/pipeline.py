@@ -236,6 +236,7 @@ async def train(ctx: WorkerContext) -> None:
             optimizer.zero_grad()
         stats = await stage.train_step(x, y, step)
         if optimizer is not None:
+            ctx.set_lr(optimizer, step)
             optimizer.step()
         step += 1
         lr = lr_of(optimizer) if optimizer is not None else math.nan

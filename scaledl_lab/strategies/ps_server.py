@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 from ..config import ExperimentConfig
+from ..large_batch import is_constant_lr, lr_at_epoch
 from ..runtime.base import NOT_READY
-from ..worker import make_optimizer
+from ..worker import make_optimizer, steps_per_epoch_of
 
 DC_MEAN_SQUARE_MOMENTUM = 0.95  # DC-ASGD-a's moving average of g⊙g (Zheng et al. 2016)
 DC_EPSILON = 1e-7
@@ -35,6 +36,15 @@ DC_EPSILON = 1e-7
 def staleness_aware_lr(lr: float, staleness: float) -> float:
     """Zhang et al. 2015: divide the learning rate by the gradient's staleness (at least 1)."""
     return lr / max(1.0, staleness)
+
+
+def scheduled_lr(cfg: ExperimentConfig, done: float, per_epoch: int, limit: float) -> float:
+    """The schedule's rate (``scaledl_lab.large_batch``) for the update after ``done`` of the
+    run's ``limit`` server updates, ``per_epoch`` of them an epoch; ``cfg.lr`` by default."""
+    if is_constant_lr(cfg):
+        return cfg.lr
+    start, end, run = done / per_epoch, (done + 1) / per_epoch, limit / per_epoch
+    return lr_at_epoch(cfg, start, end, cfg.effective_batch_size, run)
 
 
 def adaptive_lambda(lam0: float, mean_square: torch.Tensor) -> torch.Tensor:
@@ -126,6 +136,7 @@ class ParameterServer:
     ) -> None:
         if mode not in RULES:
             raise ValueError(f"unknown parameter-server mode {mode!r}; allowed: {sorted(RULES)}")
+        self.cfg = cfg
         self.param = nn.Parameter(weights.detach().clone(), requires_grad=False)
         self.optimizer = make_optimizer(cfg, [self.param])
         self.rule = RULES[mode](cfg, self.param.detach())
@@ -188,6 +199,10 @@ class ParameterServer:
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         self.param.grad = grad.to(self.param.dtype)
+        if not is_constant_lr(self.cfg):  # the rule's rate, scaled as the schedule scales lr
+            cfg, sync = self.cfg, self.rule.is_synchronous
+            per_epoch = steps_per_epoch_of(cfg) * (1 if sync else self.workers)
+            lr *= scheduled_lr(cfg, self.progress, per_epoch, self.limit) / cfg.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..params import flat_grad, grad_or_zeros
 from ..runtime.base import Comm, Pending
-from ..worker import StepStats, WorkerContext, check_finite, lr_of
+from ..worker import StepStats, WorkerContext, check_finite
 from .registry import register
 
 
@@ -70,10 +70,13 @@ class BucketedAllreduce:
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._ready = [0] * len(self.buckets)
         self._pending: dict[int, Pending] = {}
+        self.overlap = True  # off while accumulating micro-batches: only the last one reduces
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if not self.overlap:
+            return
         b = self._bucket_of[id(p)]
         self._ready[b] += 1
         if self._ready[b] == len(self.buckets[b]):
@@ -97,6 +100,33 @@ class BucketedAllreduce:
         return await stats_pending.wait()
 
 
+async def forward_backward(
+    ctx: WorkerContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    reducer: NaiveAllreduce | BucketedAllreduce,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> StepStats:
+    """Gradients of this worker's batch in ``accumulate`` micro-batches (``--accumulate K``):
+    each backward adds (1/K)·∇loss, so the sum is the gradient of the whole batch's mean loss.
+    Only the last backward starts the bucketed allreduces (as DDP's ``no_sync``)."""
+    k = ctx.config.accumulate
+    loss_sum, correct = 0.0, 0
+    for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
+        if isinstance(reducer, BucketedAllreduce):
+            reducer.overlap = i == k - 1
+        async with ctx.comm.compute(len(ym)):
+            if i == 0:
+                optimizer.zero_grad()
+            out = model(xm)
+            loss = F.cross_entropy(out, ym)
+            (loss / k if k > 1 else loss).backward()  # bucketed: allreduces start in here
+        loss_sum += loss.item()
+        correct += int((out.argmax(1) == ym).sum().item())
+    return StepStats(loss_sum / k, correct, len(y))
+
+
 @register(
     "allreduce",
     "synchronous data parallelism, bucketed gradient allreduce overlapping backward",
@@ -111,18 +141,14 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
     step = 0
     for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
-        async with comm.compute(len(y)):
-            optimizer.zero_grad()
-            out = model(x)
-            loss = F.cross_entropy(out, y)
-            loss.backward()  # bucketed: allreduces start from inside backward
-        stats = StepStats(loss.item(), int((out.argmax(1) == y).sum().item()), len(y))
+        stats = await forward_backward(ctx, model, optimizer, reducer, x, y)
         # The loss travels with the gradients so that every worker sees a divergence at once.
         totals = await reducer.synchronize(torch.tensor([stats.loss], dtype=torch.float64))
-        check_finite(totals[0].item(), rank=ctx.rank, epoch=step // ctx.steps_per_epoch, step=step)
+        check_finite(totals[0].item(), rank=ctx.rank, epoch=ctx.plan.epoch_of(step), step=step)
+        lr = ctx.set_lr(optimizer, step)  # the scheduled rate (constant by default)
         optimizer.step()
         step += 1
-        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr_of(optimizer))
+        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr)
         if ctx.is_boundary(step):
             await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
     ctx.keep_model(model)
