@@ -13,6 +13,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.patches import Patch
 
 PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452"}
 
@@ -100,12 +101,17 @@ def plot_pipeline(
         for e in rows[rows["stage"] == s].itertuples():
             ax.barh(s, e.end - e.start, left=e.start, height=0.8,
                     color=PHASE_COLOURS[e.phase], edgecolor="black", linewidth=0.4)  # fmt: skip
-            ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
-                    va="center", fontsize=7, color="white")  # fmt: skip
+            if (e.end - e.start) > 0.02 * (t1 - t0):  # label the bars wide enough to read
+                ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
+                        va="center", fontsize=7, color="white")  # fmt: skip
     idle = step_bubbles(rows)["idle"].mean()
     xlabel = "time from the step's start (s)" if from_zero else "time (s)"
     ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel=xlabel)
     ax.invert_yaxis()
+    handles = [Patch(color=PHASE_COLOURS["F"], label="forward"),
+               Patch(color=PHASE_COLOURS["B"], label="backward"),
+               Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)")]  # fmt: skip
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run}, step {step}: bubble (hatched) {idle:.0%} of the step")
     return ax
 
