@@ -185,7 +185,8 @@ def _cmd_list() -> None:
     for name in (n for n in IMPLEMENTED_STRATEGIES if n in DESCRIPTIONS):
         print(f"  {name:18s} {DESCRIPTIONS.get(name, '')}")
     pending = [s for s in CONTRACT_STRATEGIES if s not in DESCRIPTIONS]
-    print("strategies (planned): " + ", ".join(pending))
+    if pending:
+        print("strategies (planned): " + ", ".join(pending))
     print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
     print("datasets: " + ", ".join(DATASETS))
     print("models: " + ", ".join(MODELS))

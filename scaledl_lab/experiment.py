@@ -99,6 +99,17 @@ class Results:
         run = run or self.configs[0].label
         return self.outputs[run][rank]["state_dict"]
 
+    def model_state_dict(self, run: str | None = None, replica: int = 0) -> dict[str, Any]:
+        """The whole model of one replica in ``run``: the parameters of its ranks merged (each
+        pipeline stage holds its own layers; other strategies' ranks hold the whole model)."""
+        run = run or self.configs[0].label
+        cfg = dict(zip(_unique_labels(self.configs), self.configs, strict=True))[run]
+        size = cfg.model_parallel_size
+        state: dict[str, Any] = {}
+        for out in self.outputs[run][replica * size : (replica + 1) * size]:
+            state.update(out["state_dict"])
+        return state
+
     def plot(self, metric: str = "accuracy", x: str = "epoch", kind: str = "test", **kwargs: Any):
         from . import plots
 

@@ -8,17 +8,32 @@ bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.patches import Patch
 
 PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452"}
 
 
-def bubble_theory(stages: int, micro_batches: int) -> float:
-    """The idle fraction of a fill–drain (or 1F1B) step with equal stage costs."""
-    return (stages - 1) / (micro_batches + stages - 1)
+def bubble_theory(
+    stages: int, micro_batches: int, stage_costs: Sequence[float] | None = None
+) -> float:
+    """The idle fraction of a fill–drain (or 1F1B) step: (p − 1)/(M + p − 1) with equal stage
+    costs. Given each stage's cost t_s (free messages), a fill–drain pass lasts
+    Σt + (M − 1)·max t — the first micro-batch crosses every stage, the others follow at the pace
+    of the slowest — while stage s works M·t_s of it: the mean idle fraction is
+    1 − M·mean(t)/(Σt + (M − 1)·max t), which tends to 1 − mean(t)/max(t), not 0, as M grows.
+    That is exact for fill–drain; 1F1B's interleaving can hide a little of an imbalance."""
+    if stage_costs is None:
+        return (stages - 1) / (micro_batches + stages - 1)
+    costs = [float(c) for c in stage_costs]
+    if len(costs) != stages or min(costs) < 0 or max(costs) <= 0:
+        raise ValueError(f"stage_costs needs {stages} non-negative costs, not all zero: {costs}")
+    span = sum(costs) + (micro_batches - 1) * max(costs)
+    return 1 - micro_batches * sum(costs) / stages / span
 
 
 def step_bubbles(events: pd.DataFrame) -> pd.DataFrame:
@@ -59,15 +74,24 @@ def bubble_summary(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any]]
 
 
 def plot_pipeline(
-    events: pd.DataFrame, run: str | None = None, step: int = 1, replica: int = 0, ax: Any = None
+    events: pd.DataFrame,
+    run: str | None = None,
+    step: int = 1,
+    replica: int = 0,
+    ax: Any = None,
+    from_zero: bool = False,
 ):
     """Gantt chart of one step of one replica: a row per stage, forwards and backwards as
-    bars labelled by micro-batch, the idle time (the bubble) shaded."""
+    bars labelled by micro-batch, the idle time (the bubble) shaded. ``from_zero`` counts
+    time from the step's start, so that the charts of several runs line up."""
     run = run or events["run"].iloc[0]
     rows = events[(events["run"] == run) & (events["replica"] == replica)]
     if step not in set(rows["step"]):
         step = int(rows["step"].min())
     rows = rows[rows["step"] == step]
+    if from_zero:
+        origin = rows["start"].min()
+        rows = rows.assign(start=rows["start"] - origin, end=rows["end"] - origin)
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 * rows["stage"].nunique() + 1.2))
     t0, t1 = rows["start"].min(), rows["end"].max()
@@ -77,11 +101,17 @@ def plot_pipeline(
         for e in rows[rows["stage"] == s].itertuples():
             ax.barh(s, e.end - e.start, left=e.start, height=0.8,
                     color=PHASE_COLOURS[e.phase], edgecolor="black", linewidth=0.4)  # fmt: skip
-            ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
-                    va="center", fontsize=7, color="white")  # fmt: skip
+            if (e.end - e.start) > 0.02 * (t1 - t0):  # label the bars wide enough to read
+                ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
+                        va="center", fontsize=7, color="white")  # fmt: skip
     idle = step_bubbles(rows)["idle"].mean()
-    ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel="time (s)")
+    xlabel = "time from the step's start (s)" if from_zero else "time (s)"
+    ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel=xlabel)
     ax.invert_yaxis()
+    handles = [Patch(color=PHASE_COLOURS["F"], label="forward"),
+               Patch(color=PHASE_COLOURS["B"], label="backward"),
+               Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)")]  # fmt: skip
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run}, step {step}: bubble (hatched) {idle:.0%} of the step")
     return ax
 

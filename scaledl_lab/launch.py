@@ -11,17 +11,37 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .config import ExperimentConfig
 from .cost import build_cost_model
 from .metrics import Row, record
 from .models import model_flops
-from .runtime.base import Launch, Outcome
+from .runtime.base import Comm, Emit, Launch, Outcome
 from .strategies import Strategy, get_strategy
-from .worker import BoundProgram, Program, load_for
+from .worker import Program, WorkerContext, load_for
 
 RowsCallback = Callable[[list[dict[str, Any]]], None]
+
+
+@dataclass(frozen=True)
+class BoundProgram:
+    """A strategy's program bound to a run: what a runtime calls on every rank."""
+
+    program: Program
+    config: ExperimentConfig
+    run_label: str
+
+    def prepare(self) -> None:
+        load_for(self.config)
+
+    async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
+        ctx = WorkerContext(self.config, comm, load_for(self.config), device, emit, self.run_label)
+        await self.program(ctx)
+        return ctx.result
 
 
 def launch_for(

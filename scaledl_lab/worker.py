@@ -2,8 +2,8 @@
 
 A strategy is an ``async def`` taking a :class:`WorkerContext`: its model and optimiser, its
 batches in the order the sequential twins use, how many steps it takes and where epochs end,
-evaluation, metric rows and the result it returns. :class:`BoundProgram` binds a strategy to a
-config so that a runtime (which knows nothing of either) can run it on every rank.
+evaluation, metric rows and the result it returns. ``launch.BoundProgram`` binds a strategy to
+a config so that a runtime (which knows nothing of either) can run it on every rank.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from .metrics import Row, record
 from .models import build_model
 from .params import state_dict_cpu
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
-from .runtime.base import Comm, Emit
+from .runtime.base import Comm
 
 __all__ = [
-    "BoundProgram",
     "Program",
     "StepStats",
     "WorkerContext",
@@ -328,20 +327,3 @@ class WorkerContext:
 
 
 Program = Callable[[WorkerContext], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class BoundProgram:
-    """A strategy's program bound to a run: what a runtime calls on every rank."""
-
-    program: Program
-    config: ExperimentConfig
-    run_label: str
-
-    def prepare(self) -> None:
-        load_for(self.config)
-
-    async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
-        ctx = WorkerContext(self.config, comm, load_for(self.config), device, emit, self.run_label)
-        await self.program(ctx)
-        return ctx.result

@@ -1,4 +1,8 @@
-"""Shared fixtures: a real two-worker Dask LocalCluster (no mocks of Dask or torch)."""
+"""Shared fixtures: a real two-worker Dask LocalCluster (no mocks of Dask or torch).
+
+Most tests train on small subsets of Fashion-MNIST. Without it, the session stops before
+collecting anything, with one message saying where the data was looked for and how to get it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,18 @@ import pytest
 from distributed import Client
 
 from scaledl_lab.cluster import connect
+from scaledl_lab.data import DatasetNotFoundError, locate
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    try:
+        locate("fashion-mnist")
+    except DatasetNotFoundError as exc:
+        # A usage error stops the session before collection and is printed once.
+        raise pytest.UsageError(
+            f"the tests train on Fashion-MNIST, which is not installed; get it once and "
+            f"rerun.\n{exc}"
+        ) from None
 
 
 @pytest.fixture(scope="session")

@@ -7,25 +7,65 @@ import json
 import pandas as pd
 
 from scaledl_lab.cli import main
-from scaledl_lab.experiment import METRIC_COLUMNS, Results
+from scaledl_lab.data import locate, write_cifar10_fixture
+from scaledl_lab.experiment import Results
+from scaledl_lab.metrics import METRIC_COLUMNS
+from scaledl_lab.strategies import get_strategy
+
+# The contract's strategy names (DESIGN.md), split into what runs today and what is reserved.
+IMPLEMENTED = (
+    "allreduce", "allreduce-naive", "ps-sync", "ps-async", "downpour", "hogwild",
+    "staleness-aware", "dc-asgd", "backup-workers", "nnt", "nnt-lockstep", "nnt-staged",
+    "dpsgd", "adpsgd", "local-sgd", "easgd", "model-parallel", "gpipe", "1f1b",
+    "tensor-parallel",
+)  # fmt: skip
 
 
-def test_list(capsys):
+def test_list_names_every_strategy_with_its_description(capsys):
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    assert "allreduce-naive" in out and "fashion-mnist" in out and "resnet18" in out
-    assert "strategies (planned):" in out and "nnt" in out
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("strategies (implemented):")
+    listed = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        name, description = line.split(maxsplit=1)
+        assert name not in listed, f"{name} listed twice"
+        listed[name] = description
+    assert sorted(listed) == sorted(IMPLEMENTED)
+    for name in IMPLEMENTED:
+        assert listed[name] == get_strategy(name).description, name
+    assert len(set(listed.values())) == len(listed)  # no two strategies share one line
+    assert not any(line.startswith("strategies (planned)") for line in lines)  # all built
+    assert "runtimes: dask, sim" in lines
+    assert "datasets: fashion-mnist, mnist1d, cifar10" in lines
+    assert "models: mlp, cnn, cnn1d, resnet18" in lines
 
 
-def test_data_info(capsys):
+def test_data_info_says_where_each_dataset_is_or_how_to_get_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCALEDL_DATA_NO_DEFAULTS", "1")
+    monkeypatch.setenv("SCALEDL_DATA_DIR", str(tmp_path))
+    folder = write_cifar10_fixture(tmp_path)
     assert main(["data", "info"]) == 0
     out = capsys.readouterr().out
-    assert "fashion-mnist: found in" in out
+    assert f"cifar10: found in {folder}\n" in out
+    assert (
+        "fashion-mnist: not found\n  how to get it: sudo apt-get install dataset-fashion-mnist"
+        in out
+    )
+    assert "scaledl-lab data fetch fashion-mnist" in out
+    assert "mnist1d: not found\n" in out and "scaledl-lab data fetch mnist1d" in out
+
+
+def test_data_info_finds_fashion_mnist(capsys):
+    assert main(["data", "info"]) == 0
+    assert f"fashion-mnist: found in {locate('fashion-mnist')}\n" in capsys.readouterr().out
 
 
 def test_data_fetch_keeps_what_is_there(capsys):
     assert main(["data", "fetch", "fashion-mnist"]) == 0
-    assert "fashion-mnist: already present in" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out == f"fashion-mnist: already present in {locate('fashion-mnist')}\n"
 
 
 def test_bad_config_exits_with_message(capsys):
@@ -36,8 +76,9 @@ def test_bad_config_exits_with_message(capsys):
 
 def test_unknown_benchmark(capsys):
     assert main(["bench", "nope"]) == 2
-    assert "unknown benchmark 'nope'; available: async, sim_cost, sim_fidelity, sync_sgd" in (
-        capsys.readouterr().err
+    assert (
+        "unknown benchmark 'nope'; available: async, pipeline, sim_cost, sim_fidelity, "
+        "sync_sgd, tensor_parallel" in (capsys.readouterr().err)
     )
 
 
@@ -84,3 +125,26 @@ def test_run_writes_results_folder(tmp_path, capsys):
     assert "| allreduce-dask-2w |" in (out / "summary.md").read_text()
     loaded = Results.load(out)
     assert loaded.configs[0].max_steps == 8 and len(loaded.frame) == len(frame)
+
+
+def test_run_passes_every_option_to_the_config(tmp_path, capsys):
+    out = tmp_path / "res"
+    argv = [
+        "run", "--strategy", "downpour", "--runtime", "sim", "--workers", "3",
+        "--model", "mlp", "--global-batch-size", "48", "--lr", "0.02", "--momentum", "0",
+        "--seed", "4", "--n-fetch", "4", "--n-push", "2", "--servers", "2",
+        "--network", "10gbe", "--stragglers", "slow:1:2", "--train-subset", "960",
+        "--test-subset", "100", "--max-steps", "4", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    cfg = json.loads((out / "config.json").read_text())["runs"][0]
+    expected = dict(
+        strategy="downpour", runtime="sim", workers=3, model="mlp", batch_size=16,
+        global_batch_size=48, lr=0.02, momentum=0.0, seed=4, n_fetch=4, n_push=2, servers=2,
+        network="10gbe", stragglers="slow:1:2", train_subset=960, test_subset=100, max_steps=4,
+    )  # fmt: skip
+    assert {k: cfg[k] for k in expected} == expected
+    frame = pd.read_csv(out / "metrics.csv")
+    train = frame[frame.kind == "train"]
+    assert set(train["samples"]) == {16} and sorted(train["rank"].unique()) == [0, 1, 2]
+    assert sorted(frame[frame.kind == "server"]["rank"]) == [3, 4]  # two shards

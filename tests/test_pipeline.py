@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from common import max_diff
+from matplotlib.figure import Figure
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.experiment import Results
-from scaledl_lab.gantt import bubble_summary, bubble_theory, step_bubbles
+from scaledl_lab.gantt import bubble_summary, bubble_theory, plot_pipeline, step_bubbles
 from scaledl_lab.models import build_model
 from scaledl_lab.partition import boundary_shapes, layers, split_evenly, stage_counts
 from scaledl_lab.reference import train_sequential
@@ -168,10 +169,7 @@ def test_data_times_pipeline_equals_sequential_training_on_the_combined_batch():
     res = run(cfg, progress=False)
     twin = train_sequential(cfg, load_for(cfg))
     for replica in range(2):
-        state = {}
-        for out in res.outputs[cfg.label][2 * replica : 2 * replica + 2]:
-            state.update(out["state_dict"])
-        assert max_diff(state, twin) < 1e-10
+        assert max_diff(res.model_state_dict(replica=replica), twin) < 1e-10
 
 
 def test_float32_pipeline_stays_within_the_runs_own_rounding():
@@ -207,6 +205,29 @@ def test_the_bubble_is_p_minus_1_over_m_plus_p_minus_1_with_equal_stages(
     assert idle == pytest.approx(bubble_theory(stages, micro_batches), abs=0.02)
 
 
+@pytest.mark.parametrize("micro_batches", [1, 4, 16])
+def test_with_unequal_stages_the_bubble_follows_the_slowest_stage(micro_batches):
+    # The MLP cut after its first Linear: the simulator charges each stage its FLOPs.
+    cfg = ExperimentConfig(
+        strategy="gpipe", runtime="sim", workers=2, model="mlp", balance="2,4",
+        micro_batches=micro_batches, batch_size=2 * micro_batches, max_steps=2,
+        network="custom:0:1e18", **TINY,
+    )  # fmt: skip
+    model = build_model("mlp", (1, 28, 28), 10, seed=0)
+    costs = [784 * 512, 512 * 512 + 512 * 10]  # multiply-adds per sample of each stage
+    res = run(cfg, progress=False)
+    measured = bubble_summary(res.events)["bubble"].mean()
+    assert len(layers(model)) == 6
+    assert measured == pytest.approx(bubble_theory(2, micro_batches, costs), abs=1e-6)
+    assert bubble_theory(2, micro_batches, [1.0, 1.0]) == pytest.approx(
+        bubble_theory(2, micro_batches)
+    )
+    if micro_batches > 1:
+        assert measured > bubble_theory(2, micro_batches)  # imbalance costs idle time
+    with pytest.raises(ValueError, match="stage_costs"):
+        bubble_theory(2, 4, [1.0])
+
+
 @pytest.mark.parametrize("strategy", ["gpipe", "1f1b"])
 def test_peak_stashed_activations(strategy):
     p, m = 4, 8
@@ -237,6 +258,12 @@ def test_results_keep_the_events_and_summarise_the_pipeline(tmp_path):
     assert loaded.events.equals(res.events)
     table = bubble_summary(res.events, res.outputs)
     assert list(table["peak_stashed"]) == [4, 4]
+    assert max_diff(res.model_state_dict(), merged_state(res, cfg)) == 0.0
+    fig = Figure()
+    ax = plot_pipeline(res.events, step=2, ax=fig.subplots(), from_zero=True)
+    lefts = [bar.get_x() for bar in ax.patches]
+    assert min(lefts) == 0.0 and ax.get_xlabel() == "time from the step's start (s)"
+    assert res.model_state_dict().keys() == build_model("mlp", (1, 28, 28), 10).state_dict().keys()
     train = res.frame.query("kind == 'train'")
     # A mini-batch counts once towards throughput (on the last stage); both log its loss.
     assert list(train.groupby("rank")["samples"].sum()) == [0, 3 * 16]
@@ -258,3 +285,8 @@ def test_two_stages_on_real_dask_equal_the_simulator_and_the_twin(client):
     assert max_diff(merged_state(real, cfg), train_sequential(cfg, load_for(cfg))) < 1e-10
     assert set(real.events["phase"]) == {"F", "B"}
     assert len(real.events) == 2 * 2 * 4 * 6  # stages × phases × micro-batches × steps
+    # One clock for both ranks: a stage starts a micro-batch only after its neighbour's end.
+    times = real.events.set_index(["step", "micro_batch", "stage", "phase"])
+    for step, m in times.index.droplevel([2, 3]).unique():
+        assert times.loc[(step, m, 1, "F"), "start"] >= times.loc[(step, m, 0, "F"), "end"]
+        assert times.loc[(step, m, 0, "B"), "start"] >= times.loc[(step, m, 1, "B"), "end"]

@@ -168,7 +168,7 @@ Group = tuple[int, ...]  # the ranks of a group, sorted
 
 class RankProgram(Protocol):
     """What a runtime runs on every rank: the layer above binds a strategy, a config and the
-    run's metrics to it (``worker.BoundProgram``); the runtime only provides the Comm."""
+    run's metrics to it (``launch.BoundProgram``); the runtime only provides the Comm."""
 
     def prepare(self) -> None:
         """Load what every rank needs (data) before the run's clock starts."""

@@ -113,6 +113,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _shared_origin(device: torch.device) -> float:
+    """This rank's ``perf_counter`` reading at the moment rank 0's wall clock read when the
+    barrier ended: every rank then counts time from the same instant (exactly on one host,
+    to the hosts' clock synchronisation across hosts), so events of different ranks line up."""
+    start = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    dist.broadcast(start, 0)
+    return time.perf_counter() - (time.time() - start.item())
+
+
 def run_rank(
     launch: Launch,
     rank: int,
@@ -137,11 +146,12 @@ def run_rank(
     try:
         with _profiler_paused():
             dist.barrier()
+            t0 = _shared_origin(device)
             sink = _QueueSink(queue_name)
             comm = TorchComm(
                 rank,
                 launch.world_size,
-                time.perf_counter(),
+                t0,
                 run_id=queue_name,
                 servers=servers,
                 server_addresses=server_addresses,

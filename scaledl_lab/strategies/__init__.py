@@ -1,6 +1,16 @@
 """The strategies: one module per technique family, each registering its contract names."""
 
-from . import easgd, gossip, hogwild, local_sgd, nnt, parameter_server, pipeline, sync_sgd
+from . import (
+    easgd,
+    gossip,
+    hogwild,
+    local_sgd,
+    nnt,
+    parameter_server,
+    pipeline,
+    sync_sgd,
+    tensor_parallel,
+)
 from .registry import STRATEGIES, ServerSpec, Strategy, get_strategy, register
 
 DESCRIPTIONS: dict[str, str] = {name: s.description for name, s in STRATEGIES.items()}
@@ -20,4 +30,5 @@ __all__ = [
     "pipeline",
     "register",
     "sync_sgd",
+    "tensor_parallel",
 ]

@@ -101,6 +101,7 @@ class Stage:
                         if self.is_last:
                             correct += int((out.argmax(1) == ys[m]).sum().item())
                             out = F.cross_entropy(out, ys[m], reduction="sum") / cfg.batch_size
+                end = comm.now()  # before the send: a receiver may start before isend returns
                 if self.is_last:
                     loss_sum += out.item()
                 else:
@@ -127,9 +128,10 @@ class Stage:
                         with torch.no_grad():
                             for b, s in zip(self.layers.buffers(), saved, strict=True):
                                 b.copy_(s)
+                end = comm.now()
                 if not self.is_first:
                     sends.append(comm.isend(inp.grad, self.prev))
-            self.ctx.log_event(step=step, micro_batch=m, phase=phase, start=start, end=comm.now())
+            self.ctx.log_event(step=step, micro_batch=m, phase=phase, start=start, end=end)
         for pending in sends:
             await pending.wait()
         stats = torch.tensor([loss_sum, float(correct)], dtype=torch.float64)
