@@ -121,6 +121,12 @@ def _check_optimizer_options(cfg: Any) -> None:
             f"parameter servers of strategy={cfg.strategy!r} hold flat shards with no layers; "
             "use sgd, adam or adagrad"
         )
+    if adaptive and cfg.strategy == "tensor-parallel":
+        raise ConfigError(
+            f"optimizer={cfg.optimizer!r} takes each layer's norms, but tensor-parallel ranks "
+            "hold slices of the layers (their trust ratios would differ from the whole model's); "
+            "use sgd, adam or adagrad"
+        )
     for name in ("zero_init_residual", "no_bias_decay"):
         value = getattr(cfg, name)
         if value is not None and not isinstance(value, bool):

@@ -177,7 +177,9 @@ def test_parameter_server_follows_the_schedule_as_allreduce_does():
     )
 
 
-@pytest.mark.parametrize("strategy", ["dpsgd", "local-sgd", "hogwild", "ps-async", "gpipe"])
+@pytest.mark.parametrize(
+    "strategy", ["dpsgd", "local-sgd", "hogwild", "ps-async", "gpipe", "tensor-parallel"]
+)
 def test_every_family_logs_the_scheduled_rate(strategy):
     cfg = ExperimentConfig(
         strategy=strategy,

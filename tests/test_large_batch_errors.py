@@ -46,6 +46,7 @@ OK = dict(strategy="allreduce", runtime="sim", workers=4, model="mlp", epochs=4)
         (dict(optimizer="sgd", trust_coefficient=0.01), ["trust_coefficient=0.01", "'lars'"]),
         (dict(optimizer="lion"), ["optimizer='lion'", "lars", "lamb"]),
         (dict(strategy="ps-async", optimizer="lars"), ["optimizer='lars'", "flat shards"]),
+        (dict(strategy="tensor-parallel", optimizer="lamb"), ["optimizer='lamb'", "slices"]),
         (dict(zero_init_residual=True), ["zero_init_residual=True", "resnet18"]),
         (dict(strategy="ps-sync", no_bias_decay=True), ["no_bias_decay=True", "'ps-sync'"]),
     ],

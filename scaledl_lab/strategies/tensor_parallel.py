@@ -200,6 +200,7 @@ async def train(ctx: WorkerContext) -> None:
         # The logits are replicated, so every rank sees the same loss and stops at once.
         check_finite(stats.loss, rank=ctx.rank, epoch=step // ctx.steps_per_epoch, step=step)
         await model.block.backward(comm, saved, model.block_share)  # f: none, x is data
+        ctx.set_lr(optimizer, step)  # the scheduled rate (constant by default)
         optimizer.step()
         step += 1
         counted = stats.samples if comm.is_root else 0  # one batch for all: counted once
