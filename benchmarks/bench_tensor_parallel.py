@@ -86,7 +86,7 @@ def ours_throughput(client, batch: int, steps: int) -> tuple[float, list[int]]:
     return steps * batch / (times[WARMUP + steps] - times[WARMUP]), sent
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--steps", type=int, default=50)
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[1, 2], help="threads of the plain process"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data = load_dataset("fashion-mnist", seed=0, **DATA)
 
     with connect(2, dashboard=False, log=None) as client:
