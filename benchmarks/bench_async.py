@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-import torch.nn.functional as F
+from plain_loop import timed_steps  # benchmarks/plain_loop.py
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.cluster import connect
@@ -79,15 +78,7 @@ def plain_sgd_rate(model_name: str, batch: int, steps: int) -> float:
         optimizer = make_optimizer(cfg, model.parameters())
         shard = shard_indices(data.train.y, 1, 0, seed=0)
         order = epoch_batches(shard, batch, seed=0, epoch=0, rank=0)
-        for i, idx in enumerate(order[: WARMUP + steps]):
-            if i == WARMUP:
-                start = time.perf_counter()
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
-            loss.backward()
-            optimizer.step()
-            loss.item()
-        return steps / (time.perf_counter() - start)
+        return steps / timed_steps(model, optimizer, data, order, WARMUP, steps)
     finally:
         torch.set_num_threads(threads)
 

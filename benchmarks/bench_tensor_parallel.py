@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
 import torch
-import torch.nn.functional as F
+from plain_loop import timed_steps  # benchmarks/plain_loop.py
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.cluster import connect
@@ -54,15 +53,7 @@ def plain_throughput(data: DataSplits, batch: int, steps: int, threads: int) -> 
             for epoch in range(epochs_for(batch, steps))
             for idx in epoch_batches(shard, batch, seed=0, epoch=epoch, rank=0)
         ]
-        for i, idx in enumerate(order[: WARMUP + steps]):
-            if i == WARMUP:
-                start = time.perf_counter()
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
-            loss.backward()
-            optimizer.step()
-            loss.item()
-        return steps * batch / (time.perf_counter() - start)
+        return steps * batch / timed_steps(model, optimizer, data, order, WARMUP, steps)
     finally:
         torch.set_num_threads(previous)
 
