@@ -66,10 +66,10 @@ def bubble_summary(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any]]
             for out in outs
             if "peak_stashed" in out and out.get("replica", 0) == 0
         }
-        table["peak_stashed"] = [peaks.get((r, s), (None, None))[0] for r, s in
-                                 zip(table["run"], table["stage"], strict=True)]  # fmt: skip
-        table["peak_stashed_bytes"] = [peaks.get((r, s), (None, None))[1] for r, s in
-                                       zip(table["run"], table["stage"], strict=True)]  # fmt: skip
+        keys = zip(table["run"], table["stage"], strict=True)
+        found = [peaks.get(key, (None, None)) for key in keys]
+        table["peak_stashed"] = [count for count, _ in found]
+        table["peak_stashed_bytes"] = [nbytes for _, nbytes in found]
     return table
 
 

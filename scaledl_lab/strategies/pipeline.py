@@ -41,7 +41,15 @@ from .schedules import SCHEDULES, in_flight
 class Stage:
     """This rank's stage: its layers, its neighbours, buffers from a dry run, its groups."""
 
-    def __init__(self, ctx: WorkerContext, model: nn.Module, counts: list[int]) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        model: nn.Module,
+        every: list[nn.Module],
+        sample: torch.Tensor,
+        counts: list[int],
+    ) -> None:
+        """``every``: the model's layers; ``sample``: one micro-batch (for the dry run)."""
         cfg, comm = ctx.config, ctx.comm
         self.ctx, self.comm = ctx, comm
         self.stages = cfg.model_parallel_size
@@ -51,12 +59,10 @@ class Stage:
         self.prev = None if self.is_first else ctx.rank - 1
         self.next = None if self.is_last else ctx.rank + 1
         lo, hi = sum(counts[: self.index]), sum(counts[: self.index + 1])
-        every = partition.layers(model)
         self.layers = nn.Sequential(*every[lo:hi])
         self.names = partition.parameter_names(model, every[lo:hi])
         self.params = [p for p in self.layers.parameters() if p.requires_grad]
-        self.micro = cfg.batch_size // cfg.micro_batches
-        sample = ctx.data.train.x[: self.micro].to(ctx.device, cfg.dtype)
+        self.micro = len(sample)
         shapes = [sample.shape, *partition.boundary_shapes(every, sample)]
         self.in_shape, self.out_shape = shapes[lo], shapes[hi]
         flops = [model_flops(layer, shapes[i][1:], 1) for i, layer in enumerate(every)]
@@ -206,14 +212,10 @@ class Stage:
         self.layers.train()
 
 
-async def _counts(ctx: WorkerContext, model: nn.Module) -> list[int]:
+async def _counts(ctx: WorkerContext, every: list[nn.Module], sample: torch.Tensor) -> list[int]:
     """Layers per stage; with balance "time" rank 0's measurement is everyone's."""
     cfg = ctx.config
-    micro = cfg.batch_size // cfg.micro_batches
-    sample = ctx.data.train.x[:micro].to(ctx.device, cfg.dtype)
-    counts = partition.stage_counts(
-        cfg.balance, partition.layers(model), cfg.model_parallel_size, sample
-    )
+    counts = partition.stage_counts(cfg.balance, every, cfg.model_parallel_size, sample)
     if cfg.balance == "time":
         shared = torch.tensor(counts, dtype=torch.float64)
         await ctx.comm.broadcast(shared, 0)
@@ -225,7 +227,10 @@ async def train(ctx: WorkerContext) -> None:
     """The program every rank of a pipeline runs: its stage, its schedule, every step."""
     comm = ctx.comm
     model = ctx.build_model()  # the same seeded weights everywhere; each rank keeps its stage
-    stage = Stage(ctx, model, await _counts(ctx, model))
+    cfg = ctx.config
+    every = partition.layers(model)
+    sample = ctx.data.train.x[: cfg.batch_size // cfg.micro_batches].to(ctx.device, cfg.dtype)
+    stage = Stage(ctx, model, every, sample, await _counts(ctx, every, sample))
     # A stage of parameter-free layers only (a pooling, say) has nothing to step.
     optimizer = ctx.build_optimizer(stage.layers) if stage.params else None
     await stage.evaluate(epoch=0.0, step=0)
