@@ -110,6 +110,8 @@ class ExperimentConfig:
     micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
     balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
     recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
+    compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
+    error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
 
     def __post_init__(self) -> None:
         validate(self)
@@ -269,6 +271,9 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
     if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
         raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
+    from .compression import check_config as check_compression
+
+    check_compression(cfg)
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

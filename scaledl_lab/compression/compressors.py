@@ -1,0 +1,214 @@
+"""Gradient compressors: 1-bit quantisation (Seide et al. 2014), QSGD (Alistarh et al. 2017),
+top-k sparsification and DGC's sparsity warm-up (Lin et al. 2018). PowerSGD is in
+:mod:`.powersgd`; error feedback and DGC's momentum correction are in :mod:`.feedback`.
+
+A compressor turns a flat gradient into a :data:`~.wire.Payload` (``encode``) and back
+(``decode``). It is stateless between calls (QSGD draws from its own seeded generator), so the
+receiver's copy decodes what the sender's encoded. Every payload of one compressor on one layout
+has the same structure, so it packs to a buffer of a fixed size (DGC during warm-up: a fixed
+size per step).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+
+import torch
+
+from .wire import Layout, Payload, numel_of, pack_bits, unpack_bits
+
+
+class Compressor(abc.ABC):
+    """Encode a flat gradient into named tensors, and decode them back."""
+
+    name = "compressor"
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.numel = numel_of(layout)
+
+    @abc.abstractmethod
+    def encode(self, x: torch.Tensor) -> Payload:
+        """What is sent for the flat vector ``x`` (of this compressor's layout)."""
+
+    @abc.abstractmethod
+    def decode(self, payload: Payload) -> torch.Tensor:
+        """The flat vector a payload stands for (``x``'s dtype and size)."""
+
+    def set_epoch(self, epoch: float) -> None:
+        """Training progress in epochs (DGC's warm-up reads it; the others only keep it)."""
+        self.epoch = epoch
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+class NoCompression(Compressor):
+    """The dense gradient itself."""
+
+    name = "none"
+
+    def encode(self, x: torch.Tensor) -> Payload:
+        return {"values": x.detach().clone()}
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        return payload["values"]
+
+
+def _segment_ids(layout: Layout) -> torch.Tensor:
+    sizes = torch.tensor([math.prod(s) for s in layout], dtype=torch.long)
+    return torch.repeat_interleave(torch.arange(len(layout)), sizes)
+
+
+class OneBit(Compressor):
+    """1-bit SGD (Seide et al. 2014): one sign bit per entry, and per tensor (segment) the
+    mean of its non-negative and of its negative entries as the two reconstruction values.
+    Sent: ⌈n/8⌉ bytes of bits + 2 floats per tensor."""
+
+    name = "onebit"
+
+    def __init__(self, layout: Layout) -> None:
+        super().__init__(layout)
+        self.segments = _segment_ids(layout)
+        self.count = len(layout)
+
+    def encode(self, x: torch.Tensor) -> Payload:
+        positive = x >= 0
+        seg = self.segments
+        sums = torch.zeros(2, self.count, dtype=x.dtype)
+        counts = torch.zeros(2, self.count, dtype=x.dtype)
+        sums[0].index_add_(0, seg, torch.where(positive, x, 0))
+        sums[1].index_add_(0, seg, torch.where(positive, 0, x))
+        counts[0].index_add_(0, seg, positive.to(x.dtype))
+        counts[1].index_add_(0, seg, (~positive).to(x.dtype))
+        scales = sums / counts.clamp(min=1)
+        return {"bits": pack_bits(positive, 1), "scales": scales.reshape(-1)}
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        positive = unpack_bits(payload["bits"], 1, self.numel).bool()
+        scales = payload["scales"].view(2, self.count)
+        return torch.where(positive, scales[0][self.segments], scales[1][self.segments])
+
+
+QSGD_BUCKET = 512  # entries per norm, as in Alistarh et al.'s experiments
+
+
+def qsgd_bits(levels: int) -> int:
+    """Bits per entry of QSGD's fixed-width code: a signed level in [-s, s] (2s + 1 values)."""
+    for bits in (2, 4, 8, 16):
+        if 2 * levels + 1 <= 2**bits:
+            return bits
+    raise ValueError(f"QSGD levels={levels} exceeds the 16-bit code (at most 32767)")
+
+
+class QSGD(Compressor):
+    """QSGD (Alistarh et al. 2017): per bucket of 512 entries its L2 norm, and per entry a sign
+    and a level ξ ∈ {0, …, s}, rounded up with probability |v|/‖v‖·s − ⌊|v|/‖v‖·s⌋, so that
+    E[decode] = v (unbiased). Sent: the levels as fixed-width codes (2, 4, 8 or 16 bits; the
+    paper's Elias coding would send fewer) and one float per bucket."""
+
+    name = "qsgd"
+
+    def __init__(self, layout: Layout, levels: int, seed: int = 0) -> None:
+        super().__init__(layout)
+        self.levels = levels
+        self.bits = qsgd_bits(levels)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.buckets = math.ceil(self.numel / QSGD_BUCKET)
+
+    def _bucketed(self, x: torch.Tensor) -> torch.Tensor:
+        padded = torch.zeros(self.buckets * QSGD_BUCKET, dtype=x.dtype)
+        padded[: self.numel] = x
+        return padded.view(self.buckets, QSGD_BUCKET)
+
+    def encode(self, x: torch.Tensor) -> Payload:
+        v = self._bucketed(x.detach())
+        norms = v.norm(dim=1, keepdim=True)
+        scaled = v.abs() / torch.where(norms > 0, norms, 1) * self.levels
+        floor = scaled.floor()
+        draw = torch.rand(scaled.shape, generator=self.generator, dtype=scaled.dtype)
+        level = floor + (draw < scaled - floor).to(scaled.dtype)
+        signed = (torch.sign(v) * level).reshape(-1)[: self.numel].long()
+        return {"codes": self._pack(signed + self.levels), "norms": norms.reshape(-1)}
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        if self.bits == 16:
+            return codes.to(torch.int16)
+        return pack_bits(codes, self.bits)
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        codes = payload["codes"]
+        if self.bits == 16:
+            signed = codes.long() - self.levels
+        else:
+            signed = unpack_bits(codes, self.bits, self.numel) - self.levels
+        norms = payload["norms"]
+        v = torch.zeros(self.buckets * QSGD_BUCKET, dtype=norms.dtype)
+        v[: self.numel] = signed.to(norms.dtype)
+        return (v.view(self.buckets, QSGD_BUCKET) * norms.view(-1, 1) / self.levels).reshape(-1)[
+            : self.numel
+        ]
+
+
+def topk_count(ratio: float, numel: int) -> int:
+    """k of top-k: ⌈ratio · n⌉ entries, at least one."""
+    return max(1, min(numel, math.ceil(ratio * numel)))
+
+
+class TopK(Compressor):
+    """Top-k sparsification: the k = ⌈ratio·n⌉ entries of largest magnitude, as values and
+    their indices (int32). Sent: k · (value + 4) bytes, so ratio 0.005 is 100× fewer bytes
+    than the dense float32 gradient."""
+
+    name = "topk"
+
+    def __init__(self, layout: Layout, ratio: float) -> None:
+        super().__init__(layout)
+        self.ratio = ratio
+        self.k = topk_count(ratio, self.numel)
+        self.index_dtype = torch.int32 if self.numel < 2**31 else torch.int64
+
+    def encode(self, x: torch.Tensor) -> Payload:
+        flat = x.detach().reshape(-1)
+        _, indices = torch.topk(flat.abs(), self.k, sorted=False)
+        return {"values": flat[indices], "indices": indices.to(self.index_dtype)}
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        values = payload["values"]
+        out = torch.zeros(self.numel, dtype=values.dtype)
+        out[payload["indices"].long()] = values
+        return out
+
+
+DGC_WARMUP_EPOCHS = 1.0  # Lin et al. warm up over 4 of 90 epochs; our runs last a few epochs
+DGC_WARMUP_STAGES = 4  # densities 25%, 6.25%, 1.5625%, 0.39% (sparsity 75% … 99.6%), then target
+
+
+def dgc_density(ratio: float, epoch: float, warmup_epochs: float = DGC_WARMUP_EPOCHS) -> float:
+    """DGC's sparsity warm-up: the density falls exponentially, 0.25 ** (stage + 1), over
+    ``warmup_epochs`` split into four stages, never below the target ``ratio``."""
+    if epoch >= warmup_epochs:
+        return ratio
+    stage = int(epoch / warmup_epochs * DGC_WARMUP_STAGES)
+    return max(ratio, 0.25 ** (stage + 1))
+
+
+class DGC(TopK):
+    """Deep Gradient Compression's sparsifier (Lin et al. 2018): top-k whose density warms up
+    from 25% to the target over the first epoch. With ``warmup=False`` (messages whose size is
+    fixed in advance) it starts at the target. Its momentum correction, local clipping and
+    momentum-factor masking act before it, in :class:`~.feedback.DGCMemory`."""
+
+    name = "dgc"
+
+    def __init__(self, layout: Layout, ratio: float, *, warmup: bool = True) -> None:
+        super().__init__(layout, ratio)
+        self.target = ratio
+        self.warmup = warmup
+        self.set_epoch(0.0)
+
+    def set_epoch(self, epoch: float) -> None:
+        super().set_epoch(epoch)
+        density = dgc_density(self.target, epoch) if self.warmup else self.target
+        self.k = topk_count(density, self.numel)
