@@ -20,6 +20,8 @@ Every run records one row per worker per step or evaluation. Columns:
 - ``value``: the kind-specific measure of rows that have one (consensus: the consensus
   distance (1/N) Σ_i ||x_i − x̄||²);
 - ``calls``: servers, the calls they answered.
+- ``bytes_uncompressed``: train rows of runs with gradient compression, what the row's messages
+  would have sent uncompressed (``bytes_sent`` is what they sent): the compression ratio.
 
 Columns a row has no value for are NaN.
 """
@@ -36,7 +38,7 @@ import torch
 METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
     "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
-    "value", "calls",
+    "value", "calls", "bytes_uncompressed",
 )  # fmt: skip
 
 # The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
@@ -65,6 +67,7 @@ class Row:
     bytes_received: float = NAN
     value: float = NAN
     calls: float = NAN
+    bytes_uncompressed: float = NAN
 
 
 def record(
@@ -94,6 +97,17 @@ def is_event(row: dict[str, Any]) -> bool:
 def events_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The events table, columns in the documented order."""
     return pd.DataFrame(list(rows), columns=list(EVENT_COLUMNS))
+
+
+def compression_ratio(train: pd.DataFrame) -> float:
+    """Bytes a run's train rows would have sent uncompressed over what they sent: 1.0 without
+    compression (rows without ``bytes_uncompressed`` count as sent), NaN when nothing was sent."""
+    sent = float(train["bytes_sent"].sum())
+    if sent == 0:
+        return NAN
+    if "bytes_uncompressed" not in train.columns:
+        return 1.0
+    return float(train["bytes_uncompressed"].fillna(train["bytes_sent"]).sum()) / sent
 
 
 def summarise_workers(val: list[float], test: list[float]) -> dict[str, Any]:

@@ -97,6 +97,7 @@ class WorkerContext:
             self.data.train.y, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
         )
         self.steps_per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
+        self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
         self.total_steps = total_steps(cfg)
         if self.steps_per_epoch == 0:
             raise ValueError(
@@ -184,10 +185,13 @@ class WorkerContext:
         counted: int | None = None,
     ) -> None:
         """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default).
+        Compressed runs add ``bytes_uncompressed``: ``sent`` + what the codecs saved since.
 
         ``counted``: the samples this row adds to the run's throughput, when several workers
         share one mini-batch (a pipeline counts it once, on its last stage); default all.
         """
+        uncompressed = sent + self.bytes_saved - self._saved_logged
+        self._saved_logged = self.bytes_saved
         self.log(
             Row(
                 kind="train",
@@ -200,6 +204,7 @@ class WorkerContext:
                 bytes_sent=sent,
                 staleness=staleness,
                 lr=lr,
+                bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
             )
         )
 
