@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from common import SMALL, max_diff
-from scaledl_lab.analysis import best_worker
 
 from scaledl_lab import ExperimentConfig, run
+from scaledl_lab.analysis import best_worker
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.worker import load_for
 

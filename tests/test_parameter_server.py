@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 from common import SMALL, max_diff
-from scaledl_lab.analysis import time_per_epoch
 
 from scaledl_lab import ExperimentConfig, RunError, run
+from scaledl_lab.analysis import time_per_epoch
 from scaledl_lab.cluster import connect
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.runtime.base import NOT_READY

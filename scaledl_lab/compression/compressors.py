@@ -56,11 +56,6 @@ class NoCompression(Compressor):
         return payload["values"]
 
 
-def _segment_ids(layout: Layout) -> torch.Tensor:
-    sizes = torch.tensor([math.prod(s) for s in layout], dtype=torch.long)
-    return torch.repeat_interleave(torch.arange(len(layout)), sizes)
-
-
 class OneBit(Compressor):
     """1-bit SGD (Seide et al. 2014): one sign bit per entry, and per tensor (segment) the
     mean of its non-negative and of its negative entries as the two reconstruction values.
@@ -70,25 +65,30 @@ class OneBit(Compressor):
 
     def __init__(self, layout: Layout) -> None:
         super().__init__(layout)
-        self.segments = _segment_ids(layout)
-        self.count = len(layout)
+        self.sizes = [math.prod(s) for s in layout]
 
     def encode(self, x: torch.Tensor) -> Payload:
         positive = x >= 0
-        seg = self.segments
-        sums = torch.zeros(2, self.count, dtype=x.dtype)
-        counts = torch.zeros(2, self.count, dtype=x.dtype)
-        sums[0].index_add_(0, seg, torch.where(positive, x, 0))
-        sums[1].index_add_(0, seg, torch.where(positive, 0, x))
-        counts[0].index_add_(0, seg, positive.to(x.dtype))
-        counts[1].index_add_(0, seg, (~positive).to(x.dtype))
-        scales = sums / counts.clamp(min=1)
+        scales = torch.zeros(2, len(self.sizes), dtype=x.dtype)
+        for i, (seg, pos) in enumerate(
+            zip(x.split(self.sizes), positive.split(self.sizes), strict=True)
+        ):
+            count = int(pos.sum())
+            total = float(seg.sum())
+            above = float(seg.clamp(min=0).sum())
+            scales[0, i] = above / max(count, 1)
+            scales[1, i] = (total - above) / max(seg.numel() - count, 1)
         return {"bits": pack_bits(positive, 1), "scales": scales.reshape(-1)}
 
     def decode(self, payload: Payload) -> torch.Tensor:
         positive = unpack_bits(payload["bits"], 1, self.numel).bool()
-        scales = payload["scales"].view(2, self.count)
-        return torch.where(positive, scales[0][self.segments], scales[1][self.segments])
+        scales = payload["scales"].view(2, len(self.sizes))
+        out = torch.empty(self.numel, dtype=scales.dtype)
+        for i, (seg, pos) in enumerate(
+            zip(out.split(self.sizes), positive.split(self.sizes), strict=True)
+        ):
+            torch.where(pos, scales[0, i], scales[1, i], out=seg)
+        return out
 
 
 QSGD_BUCKET = 512  # entries per norm, as in Alistarh et al.'s experiments
@@ -125,27 +125,21 @@ class QSGD(Compressor):
     def encode(self, x: torch.Tensor) -> Payload:
         v = self._bucketed(x.detach())
         norms = v.norm(dim=1, keepdim=True)
-        scaled = v.abs() / torch.where(norms > 0, norms, 1) * self.levels
-        floor = scaled.floor()
+        scaled = v.abs().mul_(self.levels / torch.where(norms > 0, norms, 1))  # |v|/‖v‖·s
+        level = scaled.floor()
         draw = torch.rand(scaled.shape, generator=self.generator, dtype=scaled.dtype)
-        level = floor + (draw < scaled - floor).to(scaled.dtype)
-        signed = (torch.sign(v) * level).reshape(-1)[: self.numel].long()
-        return {"codes": self._pack(signed + self.levels), "norms": norms.reshape(-1)}
-
-    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
-        if self.bits == 16:
-            return codes.to(torch.int16)
-        return pack_bits(codes, self.bits)
+        level += draw < scaled.sub_(level)  # round up with probability r − ⌊r⌋
+        codes = torch.copysign(level, v).add_(self.levels).reshape(-1)[: self.numel]
+        packed = codes.to(torch.int16) if self.bits == 16 else pack_bits(codes, self.bits)
+        return {"codes": packed, "norms": norms.reshape(-1)}
 
     def decode(self, payload: Payload) -> torch.Tensor:
-        codes = payload["codes"]
-        if self.bits == 16:
-            signed = codes.long() - self.levels
-        else:
-            signed = unpack_bits(codes, self.bits, self.numel) - self.levels
-        norms = payload["norms"]
+        codes, norms = payload["codes"], payload["norms"]
+        if self.bits != 16:
+            codes = unpack_bits(codes, self.bits, self.numel)
         v = torch.zeros(self.buckets * QSGD_BUCKET, dtype=norms.dtype)
-        v[: self.numel] = signed.to(norms.dtype)
+        v[: self.numel] = codes
+        v[: self.numel] -= self.levels
         return (v.view(self.buckets, QSGD_BUCKET) * norms.view(-1, 1) / self.levels).reshape(-1)[
             : self.numel
         ]

@@ -9,6 +9,7 @@ sum of the parts: what the metrics count is exactly what the compressor produced
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -83,20 +84,28 @@ def unpack(buffer: torch.Tensor, like: Payload) -> Payload:
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack unsigned integer codes below 2**bits (bits in 1, 2, 4, 8) into ``uint8`` bytes."""
+    """Pack unsigned integer codes below 2**bits (bits in 1, 2, 4, 8) into ``uint8`` bytes,
+    the first code in the lowest bits."""
     if bits == 8:
         return codes.to(torch.uint8)
     per_byte = 8 // bits
     padded = torch.zeros(math.ceil(codes.numel() / per_byte) * per_byte, dtype=torch.uint8)
-    padded[: codes.numel()] = codes.to(torch.uint8)
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
-    return (padded.view(-1, per_byte) << shifts).sum(1, dtype=torch.uint8)
+    padded[: codes.numel()] = codes
+    packed = padded[0::per_byte].clone()
+    for i in range(1, per_byte):
+        packed |= padded[i::per_byte] << (i * bits)
+    return packed
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
-    """The first ``count`` codes of :func:`pack_bits` (as int64)."""
+    """The first ``count`` codes of :func:`pack_bits` (as uint8)."""
     if bits == 8:
-        return packed[:count].long()
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
-    mask = (1 << bits) - 1
-    return ((packed.view(-1, 1) >> shifts) & mask).reshape(-1)[:count].long()
+        return packed[:count]
+    return torch.index_select(_code_table(bits), 0, packed.long()).reshape(-1)[:count]
+
+
+@functools.cache
+def _code_table(bits: int) -> torch.Tensor:
+    """Row b: the 8/bits codes packed in byte b, lowest bits first."""
+    shifts = torch.arange(0, 8, bits)
+    return ((torch.arange(256).view(-1, 1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8)
