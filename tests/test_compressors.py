@@ -181,12 +181,12 @@ def test_powersgd_sends_vectors_and_small_matrices_as_they_are():
     assert [s.rank for s in psgd.segments] == [2, 0, 0]  # (4+4)·2·2 = 32 ≥ 16: no gain
 
 
-def test_onebit_sends_signs_and_two_means_per_tensor():
-    x = torch.tensor([1.0, 3.0, -2.0, -4.0, 0.5, -0.5])
-    one = OneBit(((4,), (2,)))
+def test_onebit_sends_signs_and_two_means_per_row():
+    x = torch.tensor([1.0, 3.0, -2.0, 7.0, -4.0, -6.0, 0.5, -0.5])
+    one = OneBit(((2, 3), (2,)))  # a 2 × 3 matrix (two rows) and a vector (one row)
     payload = one.encode(x)
-    assert payload_bytes(payload) == 1 + 2 * 2 * 4  # 6 bits in one byte, 2 scales per tensor
-    assert one.decode(payload).tolist() == [2.0, 2.0, -3.0, -3.0, 0.5, -0.5]
+    assert payload_bytes(payload) == 1 + 2 * 3 * 4  # 8 bits in one byte, 2 scales per row
+    assert one.decode(payload).tolist() == [2.0, 2.0, -2.0, 7.0, -5.0, -5.0, 0.5, -0.5]
 
 
 @pytest.mark.parametrize("name", ALL)

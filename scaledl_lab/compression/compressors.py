@@ -57,37 +57,41 @@ class NoCompression(Compressor):
 
 
 class OneBit(Compressor):
-    """1-bit SGD (Seide et al. 2014): one sign bit per entry, and per tensor (segment) the
-    mean of its non-negative and of its negative entries as the two reconstruction values.
-    Sent: ⌈n/8⌉ bytes of bits + 2 floats per tensor."""
+    """1-bit SGD (Seide et al. 2014): one sign bit per entry and, per row of every matrix (per
+    output unit; a vector is one row), the mean of its non-negative and of its negative entries
+    as the two reconstruction values (Seide et al. quantise each column of their gradient
+    matrices). Sent: ⌈n/8⌉ bytes of bits + 2 floats per row."""
 
     name = "onebit"
 
     def __init__(self, layout: Layout) -> None:
         super().__init__(layout)
         self.sizes = [math.prod(s) for s in layout]
+        self.rows = [s[0] if len(s) >= 2 and s[0] > 0 else 1 for s in layout]
+
+    def _rows(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [t.view(r, -1) for t, r in zip(flat.split(self.sizes), self.rows, strict=True)]
 
     def encode(self, x: torch.Tensor) -> Payload:
         positive = x >= 0
-        scales = torch.zeros(2, len(self.sizes), dtype=x.dtype)
-        for i, (seg, pos) in enumerate(
-            zip(x.split(self.sizes), positive.split(self.sizes), strict=True)
-        ):
-            count = int(pos.sum())
-            total = float(seg.sum())
-            above = float(seg.clamp(min=0).sum())
-            scales[0, i] = above / max(count, 1)
-            scales[1, i] = (total - above) / max(seg.numel() - count, 1)
-        return {"bits": pack_bits(positive, 1), "scales": scales.reshape(-1)}
+        scales = []
+        for seg, pos in zip(self._rows(x), self._rows(positive), strict=True):
+            count = pos.sum(1, dtype=x.dtype)
+            total = seg.sum(1)
+            above = seg.clamp(min=0).sum(1)
+            below = (total - above) / (seg.shape[1] - count).clamp(min=1)
+            scales.append(torch.stack([above / count.clamp(min=1), below]))
+        return {"bits": pack_bits(positive, 1), "scales": torch.cat(scales, dim=1).reshape(-1)}
 
     def decode(self, payload: Payload) -> torch.Tensor:
         positive = unpack_bits(payload["bits"], 1, self.numel).bool()
-        scales = payload["scales"].view(2, len(self.sizes))
+        scales = payload["scales"].view(2, -1)
         out = torch.empty(self.numel, dtype=scales.dtype)
-        for i, (seg, pos) in enumerate(
-            zip(out.split(self.sizes), positive.split(self.sizes), strict=True)
-        ):
-            torch.where(pos, scales[0, i], scales[1, i], out=seg)
+        row = 0
+        for seg, pos in zip(self._rows(out), self._rows(positive), strict=True):
+            above, below = scales[:, row : row + seg.shape[0]].unsqueeze(2)
+            torch.where(pos, above, below, out=seg)
+            row += seg.shape[0]
         return out
 
 
