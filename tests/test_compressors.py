@@ -232,3 +232,19 @@ def test_parse_reads_every_spelling():
     assert parse("topk:0.01").ratio == 0.01
     assert parse("dgc:1").ratio == 1.0
     assert parse("powersgd:2").rank == 2
+
+
+def test_error_feedback_needs_a_contractive_qsgd():
+    # QSGD with 1 level per 512-entry bucket has variance ω ≈ 22.6 × ‖v‖²: fed back, its residual
+    # grows geometrically. Damped by 1/(1 + ω) it keeps part of every vector and stays bounded.
+    g = torch.randn(4096, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    norms = {}
+    for contractive in (False, True):
+        q, memory = QSGD(((4096,),), 1, seed=0, contractive=contractive), ErrorFeedback()
+        for _ in range(30):
+            corrected = memory.add(g)
+            payload = q.encode(corrected)
+            memory.keep(corrected, q.decode(payload), payload)
+        norms[contractive] = memory.residual.norm().item() / g.norm().item()
+    assert norms[False] > 1e4 and norms[True] < 30, norms
+    assert QSGD(((4096,),), 1).variance_bound() == pytest.approx(math.sqrt(512))

@@ -110,16 +110,30 @@ class QSGD(Compressor):
     """QSGD (Alistarh et al. 2017): per bucket of 512 entries its L2 norm, and per entry a sign
     and a level ξ ∈ {0, …, s}, rounded up with probability |v|/‖v‖·s − ⌊|v|/‖v‖·s⌋, so that
     E[decode] = v (unbiased). Sent: the levels as fixed-width codes (2, 4, 8 or 16 bits; the
-    paper's Elias coding would send fewer) and one float per bucket."""
+    paper's Elias coding would send fewer) and one float per bucket.
+
+    Its variance is at most ω‖v‖² with ω = min(d/s², √d/s) (d = 512): more than the signal
+    itself below s ≈ 23. Error feedback needs a compressor that keeps some of every vector
+    (‖C(v) − v‖ < ‖v‖), and would grow the residual geometrically with this one, so
+    ``contractive=True`` decodes Q(v)/(1 + ω) (Stich & Karimireddy 2019): biased, contractive.
+    """
 
     name = "qsgd"
 
-    def __init__(self, layout: Layout, levels: int, seed: int = 0) -> None:
+    def __init__(
+        self, layout: Layout, levels: int, seed: int = 0, *, contractive: bool = False
+    ) -> None:
         super().__init__(layout)
         self.levels = levels
         self.bits = qsgd_bits(levels)
         self.generator = torch.Generator().manual_seed(seed)
         self.buckets = math.ceil(self.numel / QSGD_BUCKET)
+        self.scale = 1 / (1 + self.variance_bound()) if contractive else 1.0
+
+    def variance_bound(self) -> float:
+        """ω: E‖Q(v) − v‖² ≤ ω‖v‖² for buckets of d = min(512, n) entries (Alistarh et al.)."""
+        d = min(QSGD_BUCKET, self.numel)
+        return min(d / self.levels**2, math.sqrt(d) / self.levels)
 
     def _bucketed(self, x: torch.Tensor) -> torch.Tensor:
         padded = torch.zeros(self.buckets * QSGD_BUCKET, dtype=x.dtype)
@@ -144,9 +158,8 @@ class QSGD(Compressor):
         v = torch.zeros(self.buckets * QSGD_BUCKET, dtype=norms.dtype)
         v[: self.numel] = codes
         v[: self.numel] -= self.levels
-        return (v.view(self.buckets, QSGD_BUCKET) * norms.view(-1, 1) / self.levels).reshape(-1)[
-            : self.numel
-        ]
+        v = (v.view(self.buckets, QSGD_BUCKET) * norms.view(-1, 1) / self.levels).reshape(-1)
+        return v[: self.numel] if self.scale == 1.0 else v[: self.numel] * self.scale
 
 
 def topk_count(ratio: float, numel: int) -> int:

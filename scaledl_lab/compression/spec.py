@@ -35,14 +35,22 @@ class CompressionSpec:
     def is_none(self) -> bool:
         return self.name == "none"
 
-    def compressor(self, layout: Layout, *, seed: int = 0, warmup: bool = True) -> Compressor:
+    def compressor(
+        self,
+        layout: Layout,
+        *,
+        seed: int = 0,
+        warmup: bool = True,
+        error_feedback: bool = False,
+    ) -> Compressor:
         """A compressor for flat vectors of ``layout``. ``seed``: QSGD's draws, PowerSGD's first
-        Q (equal on every worker of an allreduce); ``warmup``: DGC's sparsity warm-up."""
+        Q (equal on every worker of an allreduce); ``warmup``: DGC's sparsity warm-up;
+        ``error_feedback``: the compressor is used with it (QSGD is then made contractive)."""
         if self.name == "onebit":
             return OneBit(layout)
         if self.name == "qsgd":
             assert self.levels is not None
-            return QSGD(layout, self.levels, seed=seed)
+            return QSGD(layout, self.levels, seed=seed, contractive=error_feedback)
         if self.name == "topk":
             assert self.ratio is not None
             return TopK(layout, self.ratio)

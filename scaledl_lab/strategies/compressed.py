@@ -51,7 +51,7 @@ def _compressor(
     # independent per worker and per stream.
     cfg = ctx.config
     seed = cfg.seed if spec.name == "powersgd" else (cfg.seed * 1_000_003 + ctx.rank) * 97 + stream
-    return spec.compressor(layout, seed=seed, warmup=warmup)
+    return spec.compressor(layout, seed=seed, warmup=warmup, error_feedback=cfg.error_feedback)
 
 
 def _memory(ctx: WorkerContext, spec: CompressionSpec) -> ErrorFeedback:
@@ -212,4 +212,5 @@ def push_decoder(cfg: ExperimentConfig, index: int) -> Compressor | None:
         return None
     data = load_for(cfg)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    return spec.compressor(shard_layouts(layout_of(model.parameters()), cfg.servers)[index])
+    layout = shard_layouts(layout_of(model.parameters()), cfg.servers)[index]
+    return spec.compressor(layout, error_feedback=cfg.error_feedback)  # decodes as pushers encode
