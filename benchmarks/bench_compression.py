@@ -136,7 +136,14 @@ def _ddp_rank(rank: int, port: int, epochs: int, powersgd_rank: int, out: mp.Que
 
     hook.dist.all_reduce = counting_all_reduce
     data = load_dataset("fashion-mnist", seed=SETTING["seed"])
-    model = DistributedDataParallel(build_model("mlp", data.input_shape, 10, seed=0))
+    # One gradient bucket, as ours (one flat gradient). With DDP's default buckets (the first
+    # capped at 1 MB) the hook runs once per bucket, and on gloo the buckets' future chains issue
+    # their allreduces in different orders on the two ranks: the run stops with a collective
+    # size mismatch (torch 2.13, gloo).
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 64 * 2**20
+    model = DistributedDataParallel(
+        build_model("mlp", data.input_shape, 10, seed=0), bucket_cap_mb=64
+    )
     if powersgd_rank:
         state = hook.PowerSGDState(
             process_group=None,

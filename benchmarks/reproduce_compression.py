@@ -2,7 +2,7 @@
 
 Every compressor (with and without error feedback) on 2 simulated workers, Fashion-MNIST, MLP,
 5 epochs (`scaledl_lab.compression_study`); time per step on a slow and a fast simulated network
-(8 workers); then `summary.md` with the tables and the verdicts. PowerSGD beside torch's hook
+(16 workers); then `summary.md` with the tables and the verdicts. PowerSGD beside torch's hook
 comes from `python benchmarks/bench_compression.py --skip-resnet --out results/compression`
 (run it after this script; `--report-only` then rewrites summary.md with its table).
 
@@ -29,7 +29,9 @@ def main() -> None:
     if not args.report_only:
         start = time.perf_counter()
         study.run_study(out, is_quick=args.quick)
-        configs = study.step_time_configs(study.STEP_COMPRESSORS, study.NETWORKS, workers=8)
+        configs = study.step_time_configs(
+            study.STEP_COMPRESSORS, study.NETWORKS, workers=study.STEP_WORKERS
+        )
         steps = study.step_times(compare(configs, progress=False, log=None))
         steps.to_csv(out / "step_times.csv", index=False)
         print(f"study: {time.perf_counter() - start:.0f} s")

@@ -257,6 +257,7 @@ def step_times(results: Results) -> pd.DataFrame:
 # -- the report --------------------------------------------------------------------------------
 
 NETWORKS = ("1gbe", "nvlink")
+STEP_WORKERS = 16
 STEP_COMPRESSORS = ("none", "onebit", "qsgd:4", "topk:0.004", "powersgd:2")
 
 
@@ -286,7 +287,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     path = out / "step_times.csv"
     if path.exists():
         steps = pd.read_csv(path).pivot(index="compress", columns="network", values="step_ms")
-        text += "\n## Time per step (ms, simulated, 8 workers)\n\n"
+        text += f"\n## Time per step (ms, simulated, {STEP_WORKERS} workers)\n\n"
         text += _markdown(steps.reset_index().round(3))
     path = out / "powersgd_vs_torch.json"
     if path.exists():
