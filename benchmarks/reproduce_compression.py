@@ -15,6 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
+from scaledl_lab import compression_report as report
 from scaledl_lab import compression_study as study
 from scaledl_lab.experiment import compare
 
@@ -35,7 +36,7 @@ def main() -> None:
         steps = study.step_times(compare(configs, progress=False, log=None))
         steps.to_csv(out / "step_times.csv", index=False)
         print(f"study: {time.perf_counter() - start:.0f} s")
-    print(study.write_report(out))
+    print(report.write_report(out))
 
 
 if __name__ == "__main__":

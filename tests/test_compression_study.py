@@ -9,6 +9,7 @@ import pytest
 from common import SMALL
 
 from scaledl_lab import ExperimentConfig
+from scaledl_lab import compression_report as report
 from scaledl_lab import compression_study as study
 from scaledl_lab.experiment import Results
 
@@ -19,7 +20,7 @@ def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
     good = ExperimentConfig(**SIM, compress="topk:0.05", name=study.label("topk:0.05", True))
     bad = ExperimentConfig(**dict(SIM, lr=1e4), compress="onebit", name="diverges")
     results = study.run_study(tmp_path / "s", configs=[bad, good, ExperimentConfig(**SIM)])
-    table = study.accuracy_table(results).set_index("run")
+    table = report.accuracy_table(results).set_index("run")
     assert math.isnan(table.loc["diverges", "test_accuracy"])
     assert table.loc["diverges", "diverged_after_epoch"] == 0.0
     assert table.loc["topk:0.05 · EF", "test_accuracy"] > 0.3
@@ -28,7 +29,7 @@ def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
     assert table.loc["allreduce-sim-2w", "points_vs_none"] == 0.0
     for name in ("metrics.csv", "config.json", "summary.md", "compression_accuracy.png"):
         assert (tmp_path / "s" / name).stat().st_size > 0
-    assert "Accuracy after equal epochs" in study.write_report(tmp_path / "s")
+    assert "Accuracy after equal epochs" in report.write_report(tmp_path / "s")
 
 
 def _table(rows):
@@ -49,7 +50,7 @@ def test_verdicts_say_what_the_numbers_say():
             ("onebit", False, math.nan, 29.0),
         ]
     )
-    assert study.verdicts(table) == [
+    assert report.verdicts(table) == [
         "top-k at ×125 with error feedback: -0.50 points against uncompressed — within 1 point.",
         "top-k without error feedback: 3.50 points below the same compressor with it — "
         "measurably worse.",
@@ -68,7 +69,7 @@ def test_bytes_at_evaluations_accumulate_rank_zeros_sends():
             dict(run="r", kind="test", rank=0, step=2, epoch=1.0, accuracy=0.5, bytes_sent=8),
         ]
     )
-    points = study.bytes_at_evaluations(frame)
+    points = report.bytes_at_evaluations(frame)
     assert points[["epoch", "accuracy", "bytes_sent"]].values.tolist() == [
         [0.0, 0.1, 0.0],
         [1.0, 0.5, 40.0],
