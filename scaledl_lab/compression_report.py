@@ -124,16 +124,19 @@ def bytes_at_evaluations(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_accuracy(frame: pd.DataFrame, x: str = "epoch", ax: Axes | None = None) -> Figure:
-    """Test accuracy of every run against epochs or against the bytes sent (log scale)."""
+    """Test accuracy of every run against epochs or against the bytes sent (log scale, from
+    the first evaluation after training started)."""
     if ax is None:
         fig = Figure(figsize=(6.4, 4.0), layout="constrained")
         ax = fig.add_subplot()
     points = bytes_at_evaluations(frame)
+    if x == "bytes_sent":
+        points = points[points["bytes_sent"] > 0]
     for i, (run, rows) in enumerate(points.groupby("run", sort=False)):
         style = "--" if run.endswith("no EF") else "-"
         ax.plot(rows[x], rows["accuracy"], style, marker="o", ms=3, label=run, color=f"C{i}")
     if x == "bytes_sent":
-        ax.set_xscale("symlog", linthresh=1e5)
+        ax.set_xscale("log")
         ax.set_xlabel("bytes sent by one worker (cumulative)")
     else:
         ax.set_xlabel("epoch")
@@ -169,9 +172,10 @@ def _markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """summary.md of a study folder: the standard table, the accuracy table and the verdicts,
-    time per step by network (``step_times.csv``) and PowerSGD beside torch's hook
-    (``powersgd_vs_torch.json``, from ``benchmarks/bench_compression.py --out``) when there."""
+    """summary.md and compression_accuracy.png of a study folder: the standard table, the
+    accuracy table and the verdicts, time per step by network (``step_times.csv``), PowerSGD
+    beside torch's hook and encode + decode beside the backward pass (``powersgd_vs_torch.json``
+    and ``encode_decode.json``, from ``benchmarks/bench_compression.py --out``) when there."""
     out = Path(out)
     results = Results.load(out)
     table = accuracy_table(results)
@@ -194,6 +198,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     if path.exists():
         text += "\n## Encode + decode beside the backward pass\n\n" + encode_decode_markdown(path)
     (out / "summary.md").write_text(text)
+    save_figures(results, out)
     return text
 
 

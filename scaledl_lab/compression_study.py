@@ -1,6 +1,6 @@
 """The gradient-compression study: every compressor on the same synchronous run, with and
 without error feedback, and short runs that time a step on a slow and a fast simulated network.
-Its tables, verdicts and figures are read by :mod:`.compression_report`.
+Its tables, verdicts, figures and report are in :mod:`.compression_report`.
 
 The setting: 2 simulated workers (traffic per step is then the payload, as with a parameter
 server), Fashion-MNIST, the MLP, SGD 0.05 with momentum 0.9, batch 64 per worker, 5 epochs;
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .compression_report import save_figures
 from .config import ExperimentConfig, quick
 from .errors import DivergenceError
 from .experiment import Results, compare, to_frame
@@ -74,7 +73,6 @@ def run_study(
     results = Results(frame=to_frame(rows), configs=configs)
     if out is not None:
         results.save(out)
-        save_figures(results, out)
         # Six significant digits keep the committed table a few MB (loss, time, accuracy).
         results.frame.to_csv(Path(out) / "metrics.csv", index=False, float_format="%.6g")
     return results
