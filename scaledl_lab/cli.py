@@ -198,6 +198,9 @@ def _cmd_list() -> None:
     print("models: " + ", ".join(MODELS))
     print("sim compute profiles: " + ", ".join(DEVICES) + ", or a file from `calibrate`")
     print("sim networks: " + ", ".join(NETWORKS) + ", custom:LATENCY_S:BANDWIDTH_BPS")
+    print(
+        "compressors (--compress): none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO, powersgd:RANK"
+    )
 
 
 def _cmd_data(args: argparse.Namespace) -> None:

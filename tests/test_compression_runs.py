@@ -187,6 +187,10 @@ def test_bad_compression_settings_fail_before_work_starts(options, message):
 
 
 def test_the_cli_reads_the_compression_options(tmp_path, capsys):
+    assert main(["list"]) == 0
+    assert (
+        "compressors (--compress): none, onebit, qsgd:LEVELS, topk:RATIO" in capsys.readouterr().out
+    )
     assert main(["run", "--runtime", "sim", "--compress", "topk:2", "--out", "/nonexistent"]) == 1
     assert "must lie in (0, 1]" in capsys.readouterr().err
     out = tmp_path / "res"
