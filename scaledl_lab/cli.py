@@ -133,6 +133,15 @@ def _parser() -> argparse.ArgumentParser:
         "--recompute", action="store_true", help="gpipe, 1f1b: recompute forwards in backward"
     )
     cli_large_batch.add_run_options(run)
+    comp = run.add_argument_group("gradient compression (strategies that send gradients)")
+    comp.add_argument(
+        "--compress",
+        default=d["compress"].default,
+        help="none | onebit | qsgd:LEVELS | topk:RATIO | dgc:RATIO | powersgd:RANK",
+    )
+    comp.add_argument(
+        "--no-error-feedback", action="store_true", help="drop what compression leaves out"
+    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
@@ -174,6 +183,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
         nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
         balance=args.balance, recompute=args.recompute, **cli_large_batch.config_options(args),
+        compress=args.compress, error_feedback=not args.no_error_feedback,
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 
@@ -192,6 +202,9 @@ def _cmd_list() -> None:
     print("models: " + ", ".join(MODELS))
     print("sim compute profiles: " + ", ".join(DEVICES) + ", or a file from `calibrate`")
     print("sim networks: " + ", ".join(NETWORKS) + ", custom:LATENCY_S:BANDWIDTH_BPS")
+    print(
+        "compressors (--compress): none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO, powersgd:RANK"
+    )
 
 
 def _cmd_data(args: argparse.Namespace) -> None:

@@ -120,6 +120,8 @@ class ExperimentConfig:
     trust_coefficient: float | None = None  # lars (default 0.001), lamb (default 1)
     zero_init_residual: bool | None = None  # resnet18: γ = 0 closing every residual branch
     no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
+    compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
+    error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
 
     def __post_init__(self) -> None:
         validate(self)
@@ -283,6 +285,9 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
     if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
         raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
+    from .compression import check_config as check_compression
+
+    check_compression(cfg)
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

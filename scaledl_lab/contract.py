@@ -47,6 +47,18 @@ SERVER_STRATEGIES: tuple[str, ...] = (
     "dc-asgd",
     "backup-workers",
 )
+# Gradient compressors (``compress``: none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO,
+# powersgd:RANK) and the strategies whose messages carry gradients (D-PSGD: weight updates).
+COMPRESSORS: tuple[str, ...] = ("none", "onebit", "qsgd", "topk", "dgc", "powersgd")
+COMPRESSIBLE_STRATEGIES: tuple[str, ...] = (
+    "allreduce",
+    "allreduce-naive",
+    *SERVER_STRATEGIES,
+    "nnt",
+    "nnt-lockstep",
+    "nnt-staged",
+    "dpsgd",
+)
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
 IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")

@@ -112,6 +112,23 @@ def allreduce_bytes(nbytes: int, world_size: int, algorithm: str = "ring") -> in
     return math.ceil(math.log2(world_size)) * nbytes
 
 
+def allgather_time(
+    nbytes: int, world_size: int, net: NetworkProfile, algorithm: str = "ring"
+) -> float:
+    """Time of an allgather of ``nbytes`` from each of ``world_size`` workers: everyone receives
+    the other p − 1 pieces, (p − 1)·n/β, in p − 1 ring steps or ⌈log2 p⌉ doubling rounds."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    steps = p - 1 if algorithm == "ring" else math.ceil(math.log2(p))
+    return steps * net.latency_s + (p - 1) * nbytes / net.bandwidth_Bps
+
+
+def allgather_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one worker sends in an allgather of ``nbytes`` each: its piece to p − 1 workers."""
+    return max(0, world_size - 1) * nbytes
+
+
 @dataclass(frozen=True)
 class Stragglers:
     """Seeded slowdowns: fixed slow ranks, a per-worker lognormal spread, random hiccups."""
@@ -186,6 +203,9 @@ class CostModel:
 
     def allreduce_bytes(self, nbytes: int, world_size: int) -> int:
         return allreduce_bytes(nbytes, world_size, self.allreduce)
+
+    def allgather_time(self, nbytes: int, world_size: int) -> float:
+        return allgather_time(nbytes, world_size, self.network, self.allreduce)
 
 
 # -- profiles: built-in device rates and calibration files ---------------------------------

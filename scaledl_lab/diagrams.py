@@ -106,3 +106,30 @@ def large_batch_diagram(workers: int = 4, accumulate: int = 2, ax=None):
     ax.set_title(f"effective batch = {workers} workers × {accumulate} micro-batches × B samples "
                  "per update (--accumulate K)")  # fmt: skip
     return ax
+
+
+def compression_diagram(workers: int = 2, ax=None):
+    """Compressed synchronous SGD: each worker adds its residual to its gradient, compresses,
+    keeps what the payload left out (error feedback); the payloads are allgathered (PowerSGD:
+    P and Q allreduced) and every worker decodes and averages them."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9.5, 1.5 * workers + 0.8))
+    for k in range(workers):
+        y = -1.5 * k
+        _box(ax, 0, y, f"rank {k}\ngradient g{k}", width=1.5)
+        _box(ax, 2.3, y, f"p{k} = g{k} + e{k}", width=1.6)
+        _box(ax, 4.6, y, "compress C(p)\nbits, levels,\ntop-k, P and Q", width=1.8, height=1.0)
+        _arrow(ax, (0.8, y), (1.45, y), FORWARD)
+        _arrow(ax, (3.15, y), (3.65, y), FORWARD)
+        _arrow(ax, (4.6, y - 0.55), (2.3, y - 0.45), BACKWARD, "")
+        ax.text(3.45, y - 0.78, f"e{k} = p{k} − decode(C(p{k}))", fontsize=7, color=BACKWARD,
+                ha="center")  # fmt: skip
+        _arrow(ax, (5.55, y), (6.9, -0.75 * (workers - 1)), COLLECTIVE, "payload" if k == 0 else "")
+    _box(ax, 7.9, -0.75 * (workers - 1), "allgather\n(PowerSGD:\nallreduce P, Q)", width=1.8,
+         height=1.1)  # fmt: skip
+    _box(ax, 10.2, -0.75 * (workers - 1), "decode all,\naverage", width=1.5)
+    _arrow(ax, (8.85, -0.75 * (workers - 1)), (9.4, -0.75 * (workers - 1)), COLLECTIVE)
+    ax.set(xlim=(-0.9, 11.1), ylim=(-1.5 * workers + 0.4, 0.8))
+    ax.set_axis_off()
+    ax.set_title("compressed allreduce with error feedback: what is not sent now is sent later")
+    return ax

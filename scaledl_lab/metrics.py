@@ -22,6 +22,8 @@ Every run records one row per worker per step or evaluation. Columns:
 - ``calls``: servers, the calls they answered.
 - ``effective_batch_size``: train rows, the samples per update of that step as the config sets
   it (workers × batch × accumulate, for every strategy; grown by a batch schedule).
+- ``bytes_uncompressed``: train rows of runs with gradient compression, what the row's messages
+  would have sent uncompressed (``bytes_sent`` is what they sent): the compression ratio.
 
 Columns a row has no value for are NaN.
 """
@@ -38,7 +40,7 @@ import torch
 METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
     "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
-    "value", "calls", "effective_batch_size",
+    "value", "calls", "effective_batch_size", "bytes_uncompressed",
 )  # fmt: skip
 
 # The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
@@ -68,6 +70,7 @@ class Row:
     value: float = NAN
     calls: float = NAN
     effective_batch_size: float = NAN
+    bytes_uncompressed: float = NAN
 
 
 def record(
@@ -97,6 +100,17 @@ def is_event(row: dict[str, Any]) -> bool:
 def events_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The events table, columns in the documented order."""
     return pd.DataFrame(list(rows), columns=list(EVENT_COLUMNS))
+
+
+def compression_ratio(train: pd.DataFrame) -> float:
+    """Bytes a run's train rows would have sent uncompressed over what they sent: 1.0 without
+    compression (rows without ``bytes_uncompressed`` count as sent), NaN when nothing was sent."""
+    sent = float(train["bytes_sent"].sum())
+    if sent == 0:
+        return NAN
+    if "bytes_uncompressed" not in train.columns:
+        return 1.0
+    return float(train["bytes_uncompressed"].fillna(train["bytes_sent"]).sum()) / sent
 
 
 def summarise_workers(val: list[float], test: list[float]) -> dict[str, Any]:

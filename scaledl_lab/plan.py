@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .compression import momentum_correction
 from .config import ExperimentConfig
 from .data import DataSplits, load_dataset
 from .large_batch import StepPlan, no_bias_decay_of, trust_coefficient_of
@@ -55,9 +56,9 @@ def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
         return LAMB(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                     trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
+        # DGC's momentum correction keeps the momentum in each worker's compressor instead.
+        momentum = 0.0 if momentum_correction(cfg) else cfg.momentum
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -14,6 +14,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .metrics import compression_ratio
+
 METRICS: tuple[str, ...] = ("loss", "accuracy")
 X_AXES: tuple[str, ...] = ("epoch", "time", "step")
 KINDS: tuple[str, ...] = ("train", "val", "test")
@@ -22,7 +24,7 @@ WARMUP_FRACTION = 0.1  # share of each worker's first steps left out of steady-s
 _X_LABELS = {"epoch": "epoch", "time": "time (s)", "step": "step"}
 _SUMMARY_COLUMNS = (
     "run strategy runtime world_size epochs test_accuracy best_val_accuracy test_loss time_s "
-    "samples_per_s bytes_per_step staleness"
+    "samples_per_s bytes_per_step staleness compression_ratio"
 ).split()
 
 
@@ -188,7 +190,8 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     epochs: last evaluated epoch; test_accuracy / test_loss: mean over evaluating ranks at the
     last test epoch; best_val_accuracy: best rank-mean validation accuracy over epochs;
     time_s: latest time in the run; bytes_per_step: mean bytes sent per worker per train step;
-    staleness: mean over train rows that have one (NaN if none).
+    staleness: mean over train rows that have one (NaN if none); compression_ratio: bytes the
+    train rows would have sent uncompressed over those they sent (1.0 without compression).
     """
     needed = ["run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step"]
     needed += ["time", "loss", "accuracy", "samples", "bytes_sent", "staleness"]
@@ -218,6 +221,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "bytes_per_step": float(train["bytes_sent"].mean()) if len(train) else math.nan,
                 # Series.mean skips NaN and gives NaN (without a warning) when all are NaN.
                 "staleness": float(train["staleness"].astype(float).mean()),
+                "compression_ratio": compression_ratio(train),
             }
         )
     return pd.DataFrame(records, columns=_SUMMARY_COLUMNS)
@@ -242,6 +246,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     table = summary_table(frame)
     header = ["run", "strategy", "runtime", "workers", "epochs", "test acc", "best val acc"]
     header += ["test loss", "time (s)", "samples/s", "sent/worker/step", "staleness"]
+    compressed = bool((table["compression_ratio"].fillna(1.0) != 1.0).any())
+    header += ["compression"] if compressed else []
     # Text columns left-aligned, numbers right-aligned.
     align = [":---"] * 3 + ["---:"] * (len(header) - 3)
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
@@ -259,7 +265,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             _fmt(r.samples_per_s, ",.1f"),
             _fmt_bytes(r.bytes_per_step),
             _fmt(r.staleness, ".2f"),
-        ]
+        ] + ([f"×{_fmt(r.compression_ratio, '.1f')}"] if compressed else [])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

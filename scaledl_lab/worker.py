@@ -101,6 +101,7 @@ class WorkerContext:
         self.plan = StepPlan.build(cfg, len(self.shard))
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.total_steps = self.plan.total_steps
+        self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
 
     # -- model and data -------------------------------------------------------------------
 
@@ -187,10 +188,13 @@ class WorkerContext:
         counted: int | None = None,
     ) -> None:
         """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default).
+        Compressed runs add ``bytes_uncompressed``: ``sent`` + what the codecs saved since.
 
         ``counted``: the samples this row adds to the run's throughput, when several workers
         share one mini-batch (a pipeline counts it once, on its last stage); default all.
         """
+        uncompressed = sent + self.bytes_saved - self._saved_logged
+        self._saved_logged = self.bytes_saved
         self.log(
             Row(
                 kind="train",
@@ -204,6 +208,7 @@ class WorkerContext:
                 staleness=staleness,
                 lr=lr,
                 effective_batch_size=self.plan.effective_batch(step - 1),
+                bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
             )
         )
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..cost import ring_allreduce_bytes
 from ..errors import RunError
 
 
@@ -103,6 +104,17 @@ class Comm(abc.ABC):
     async def allreduce(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
         """In-place sum of ``tensor`` over ``group`` (default: every worker)."""
         return await self.allreduce_start(tensor, group).wait()
+
+    def allreduce_bytes(self, nbytes: int, group: Group | None = None) -> int:
+        """Bytes this worker sends in an allreduce of ``nbytes`` (what ``bytes_sent`` counts)."""
+        return ring_allreduce_bytes(nbytes, self.group_size(group))
+
+    async def allgather(
+        self, tensor: torch.Tensor, group: Group | None = None
+    ) -> list[torch.Tensor]:
+        """Every member's ``tensor`` (the same size on each), in rank order; do not modify them.
+        Counts (members − 1) × its bytes as sent (a ring allgather)."""
+        raise RunError("this runtime has no allgather")
 
     @abc.abstractmethod
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:

@@ -256,6 +256,7 @@ class SimWorld:
         if len(kinds) != 1:
             raise RunError(f"collective mismatch: the ranks called {sorted(map(str, kinds))}")
         start = max(self.comms[c.rank].clock for c in calls)
+        gathered: list[torch.Tensor] = []
         nbytes = (
             0
             if calls[0].tensor is None
@@ -269,6 +270,9 @@ class SimWorld:
             for c in calls[1:]:
                 c.tensor.copy_(total)
             duration = self.cost.allreduce_time(nbytes, len(members))
+        elif req.kind == "allgather":
+            gathered = [c.tensor.detach().clone() for c in calls]  # in rank order
+            duration = self.cost.allgather_time(nbytes, len(members))
         elif req.kind == "broadcast":
             source = calls[req.src].tensor
             for c in calls:
@@ -280,7 +284,7 @@ class SimWorld:
         for c in calls:
             self._advance(c.rank, start, "idle")
             self._advance(c.rank, start + duration, "comm")
-            self._resume(c.rank, start + duration)
+            self._resume(c.rank, start + duration, list(gathered) if gathered else None)
 
 
 ROWS_PER_BATCH = 200

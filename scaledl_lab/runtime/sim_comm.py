@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..cost import allgather_bytes
 from .base import Comm, Incoming, Pending, clone_tensors, tensor_bytes
 
 
@@ -25,7 +26,7 @@ class Sleep(Request):
 
 @dataclass
 class Collective(Request):
-    kind: str  # "allreduce" | "broadcast" | "barrier"
+    kind: str  # "allreduce" | "allgather" | "broadcast" | "barrier"
     tensor: torch.Tensor | None = None
     src: int = 0
     group: tuple[int, ...] | None = None  # None: every worker
@@ -146,6 +147,16 @@ class SimComm(Comm):
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += self.world.cost.allreduce_bytes(nbytes, self.group_size(group))
         return _SimPending(self, tensor, group)
+
+    def allreduce_bytes(self, nbytes: int, group: tuple[int, ...] | None = None) -> int:
+        return self.world.cost.allreduce_bytes(nbytes, self.group_size(group))
+
+    async def allgather(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> list[torch.Tensor]:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += allgather_bytes(nbytes, self.group_size(group))
+        return await _Await(Collective(self.rank, "allgather", tensor, group=group))
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

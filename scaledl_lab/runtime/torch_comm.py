@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..cost import ring_allreduce_bytes
+from ..cost import allgather_bytes, ring_allreduce_bytes
 from ..errors import RunError, ServerLostError
 from .base import Comm, Group, Incoming, Pending, tensor_bytes
 
@@ -129,6 +129,19 @@ class TorchComm(Comm):
             return _Done(tensor)
         pg = None if group is None else self.groups[group]
         return _Work(dist.all_reduce(tensor, group=pg, async_op=True), tensor)
+
+    async def allgather(
+        self, tensor: torch.Tensor, group: Group | None = None
+    ) -> list[torch.Tensor]:
+        size = self.group_size(group)
+        self.bytes_sent += allgather_bytes(tensor.numel() * tensor.element_size(), size)
+        if size == 1:
+            return [tensor.detach().clone()]
+        out = [torch.empty_like(tensor) for _ in range(size)]
+        dist.all_gather(
+            out, tensor.contiguous(), group=None if group is None else self.groups[group]
+        )
+        return out
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

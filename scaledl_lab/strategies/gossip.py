@@ -31,6 +31,8 @@ from .. import topology
 from ..params import load_state_vector, state_vector
 from ..runtime.base import Comm, Incoming, Pending
 from ..worker import WorkerContext, lr_of
+from .compressed import spec_of
+from .compressed_gossip import CompressedGossip
 from .decentralised import finish, finish_step, local_gradient
 from .registry import register
 
@@ -115,12 +117,15 @@ async def train_dpsgd(ctx: WorkerContext) -> None:
     cfg, comm = ctx.config, ctx.comm
     spec = cfg.resolved_topology
     model, optimizer = await ctx.start()
+    compression = spec_of(cfg)  # compressed: the changes of x_i travel (compressed_gossip)
+    compressed = CompressedGossip(ctx, model, compression) if compression else None
     scores: dict[str, float] = {}
     step = 0
     for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
         # Send x_i to the neighbours, and compute ∇F_i(x_i) while the weights travel.
-        exchange = GossipRound(comm, state_vector(model), spec)
+        flat = state_vector(model)
+        exchange = compressed.start(flat) if compressed else GossipRound(comm, flat, spec)
         stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=False)
         load_state_vector(model, await exchange.finish())
         optimizer.step()  # x_i ← Σ_j W_ij x_j − lr·∇F_i(x_i, old)

@@ -47,6 +47,7 @@ from .. import topology
 from ..params import flat_grad, load_state_vector, param_vector, state_vector, write_grads
 from ..runtime.base import Comm, Incoming, Pending
 from ..worker import WorkerContext, lr_of
+from .compressed import message_codec
 from .decentralised import epoch_end, finish, local_gradient
 from .registry import register
 
@@ -123,12 +124,13 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
     params = [p for p in model.parameters() if p.requires_grad]
     last = ctx.total_steps
     like = param_vector(params)
-    inbox = Inbox(comm, neighbours, like, last, depth=lead + 1)
+    codec = message_codec(ctx, params, copies=len(neighbours))  # None: uncompressed
+    inbox = Inbox(comm, neighbours, codec.wire_like() if codec else like, last, depth=lead + 1)
     outbox = Outbox(comm, neighbours, window=2 * lead + 1)
 
     def apply(flat: torch.Tensor) -> None:
         """A neighbour's gradient, applied with the local optimiser as if it were local."""
-        write_grads(params, flat)
+        write_grads(params, codec.decode(flat) if codec else flat)
         holder["optimizer"].step()
 
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
@@ -140,7 +142,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
         stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=False)
         gradient = flat_grad(params)
         optimizer.step()
-        await outbox.send(gradient)
+        await outbox.send(codec.encode(gradient) if codec else gradient)
         step += 1
         final = step >= last
         # Receiving: at the end every remaining message; otherwise what has arrived,

@@ -37,6 +37,7 @@ from ..worker import (
     steps_per_epoch_of,
     total_steps,
 )
+from .compressed import push_codec, push_decoder
 from .ps_server import ParameterServer, scheduled_lr, staleness_aware_lr
 from .registry import ServerSpec, register
 
@@ -99,6 +100,7 @@ class ServerShards(ServerSpec):
             workers=cfg.workers,
             backup=cfg.backup_workers if cfg.strategy == "backup-workers" else 0,
             limit=global_target(cfg),
+            decoder=push_decoder(cfg, index),
         )
 
 
@@ -111,6 +113,7 @@ class Shards:
         self.servers = ctx.config.servers
         self.versions = [0] * self.servers
         self.progress = 0
+        self.codec = push_codec(ctx, self.params)  # None without compression
 
     def _load(self, replies: list) -> None:
         weights = torch.cat([w for w, _, _ in replies])
@@ -118,8 +121,14 @@ class Shards:
         self.versions = [v for _, v, _ in replies]
         self.progress = replies[0][2]
 
+    def _split(self, grad: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.tensor_split(grad, self.servers))
+
     async def _call_all(self, method: str, *args, grad: torch.Tensor | None = None) -> list:
-        parts = torch.tensor_split(grad, self.servers) if grad is not None else None
+        parts = None
+        if grad is not None:
+            split = self.codec.encode if self.codec else self._split
+            parts = split(grad)
         calls = [
             self.comm.call_start(
                 i, method, self.ctx.rank, *((parts[i], self.versions[i]) if parts else ()), *args

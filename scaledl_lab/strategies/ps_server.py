@@ -133,6 +133,7 @@ class ParameterServer:
         workers: int,
         backup: int = 0,
         limit: int | None = None,
+        decoder: Any = None,
     ) -> None:
         if mode not in RULES:
             raise ValueError(f"unknown parameter-server mode {mode!r}; allowed: {sorted(RULES)}")
@@ -149,6 +150,7 @@ class ParameterServer:
         self.dropped = 0  # pushes not applied (late in sync mode, or after the limit)
         self.staleness: list[float] = []  # of every applied push
         self._pending: dict[int, torch.Tensor] = {}  # sync: this version's gradients by rank
+        self.decoder = decoder  # compressed pushes: a compressor for this shard's layout
 
     @property
     def progress(self) -> int:
@@ -169,6 +171,8 @@ class ParameterServer:
 
         Staleness is ``nan`` for a push that was dropped.
         """
+        if self.decoder is not None:  # a compressed payload
+            grad = self.decoder.decode(grad)
         staleness = float(self.version - version)
         late = self.rule.is_synchronous and version < self.version
         if self.progress >= self.limit or late:

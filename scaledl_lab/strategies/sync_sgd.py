@@ -17,6 +17,7 @@ from torch import nn
 from ..params import flat_grad, grad_or_zeros
 from ..runtime.base import Comm, Pending
 from ..worker import StepStats, WorkerContext, check_finite
+from .compressed import CompressedAllreduce, spec_of
 from .registry import register
 
 
@@ -135,9 +136,14 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
     """The program one worker runs (Algorithm: synchronous SGD with allreduce)."""
     cfg, comm = ctx.config, ctx.comm
     model, optimizer = await ctx.start()  # the same seed: the same weights on every worker
-    reducer = (
-        NaiveAllreduce(model, comm) if naive else BucketedAllreduce(model, comm, cfg.bucket_mb)
-    )
+    spec = spec_of(cfg)
+    reducer: NaiveAllreduce | BucketedAllreduce | CompressedAllreduce
+    if spec is not None:  # compressed gradients: one reducer for both, after backward
+        reducer = CompressedAllreduce(ctx, model, spec)
+    elif naive:
+        reducer = NaiveAllreduce(model, comm)
+    else:
+        reducer = BucketedAllreduce(model, comm, cfg.bucket_mb)
     step = 0
     for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent

@@ -1,0 +1,83 @@
+"""The compression study's tables and verdicts, and a run that diverges inside a study."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from common import SMALL
+
+from scaledl_lab import ExperimentConfig
+from scaledl_lab import compression_report as report
+from scaledl_lab import compression_study as study
+from scaledl_lab.experiment import Results
+
+SIM = dict(SMALL, runtime="sim", workers=2, model="mlp", max_steps=None, train_subset=1200)
+
+
+def test_a_diverged_run_is_recorded_and_the_study_goes_on(tmp_path):
+    good = ExperimentConfig(**SIM, compress="topk:0.05", name=study.label("topk:0.05", True))
+    bad = ExperimentConfig(**dict(SIM, lr=1e4), compress="onebit", name="diverges")
+    results = study.run_study(tmp_path / "s", configs=[bad, good, ExperimentConfig(**SIM)])
+    table = report.accuracy_table(results).set_index("run")
+    assert math.isnan(table.loc["diverges", "test_accuracy"])
+    assert table.loc["diverges", "diverged_after_epoch"] == 0.0
+    assert table.loc["topk:0.05 · EF", "test_accuracy"] > 0.3
+    ratio = table.loc["topk:0.05 · EF", "compression_ratio"]
+    assert ratio == pytest.approx(10, rel=0.01)  # 5% of the entries, 8 bytes each
+    assert table.loc["allreduce-sim-2w", "points_vs_none"] == 0.0
+    assert "Accuracy after equal epochs" in report.write_report(tmp_path / "s")
+    for name in ("metrics.csv", "config.json", "summary.md", "compression_accuracy.png"):
+        assert (tmp_path / "s" / name).stat().st_size > 0
+
+
+def _table(rows):
+    columns = ["compress", "error_feedback", "test_accuracy", "compression_ratio"]
+    table = pd.DataFrame(rows, columns=columns)
+    table["diverged_after_epoch"] = [math.nan if a == a else 2.0 for a in table.test_accuracy]
+    table["points_vs_none"] = 100 * (table.test_accuracy - table.test_accuracy.iloc[0])
+    return table
+
+
+def test_verdicts_say_what_the_numbers_say():
+    table = _table(
+        [
+            ("none", True, 0.88, 1.0),
+            ("topk:0.004", True, 0.875, 125.0),
+            ("topk:0.004", False, 0.84, 125.0),
+            ("onebit", True, 0.86, 29.0),
+            ("onebit", False, math.nan, 29.0),
+        ]
+    )
+    assert report.verdicts(table) == [
+        "top-k at ×125 with error feedback: -0.50 points against uncompressed — within 1 point.",
+        "top-k without error feedback: 3.50 points below the same compressor with it — "
+        "measurably worse.",
+        "1-bit at ×29 with error feedback: -2.00 points against uncompressed — not within 1 point.",
+        "1-bit without error feedback diverged after epoch 2 — measurably worse.",
+    ]
+
+
+def test_bytes_at_evaluations_accumulate_rank_zeros_sends():
+    frame = pd.DataFrame(
+        [
+            dict(run="r", kind="test", rank=0, step=0, epoch=0.0, accuracy=0.1, bytes_sent=0),
+            dict(run="r", kind="train", rank=0, step=1, epoch=0.5, accuracy=0.2, bytes_sent=10),
+            dict(run="r", kind="train", rank=1, step=1, epoch=0.5, accuracy=0.2, bytes_sent=99),
+            dict(run="r", kind="train", rank=0, step=2, epoch=1.0, accuracy=0.2, bytes_sent=30),
+            dict(run="r", kind="test", rank=0, step=2, epoch=1.0, accuracy=0.5, bytes_sent=8),
+        ]
+    )
+    points = report.bytes_at_evaluations(frame)
+    assert points[["epoch", "accuracy", "bytes_sent"]].values.tolist() == [
+        [0.0, 0.1, 0.0],
+        [1.0, 0.5, 40.0],
+    ]
+
+
+def test_study_configs_share_everything_but_the_compression():
+    configs = study.study_configs(is_quick=True)
+    assert [c.label for c in configs][:3] == ["none", "topk:0.004 · EF", "topk:0.004 · no EF"]
+    assert len({c.replace(compress="none", error_feedback=True, name=None) for c in configs}) == 1
+    assert isinstance(Results, type)
