@@ -33,3 +33,13 @@ def test_topology_diagram_draws_each_link_once():
     # A 3×3 torus has 18 links; 12 lie on the grid, 6 wrap around (drawn as two stubs each).
     torus = diagrams.topology_diagram("torus:3x3", 9, ax=Figure().subplots())
     assert _arrows(torus) == 12 + 2 * 6
+
+
+def test_workers_axis_labels_every_power_of_two_once():
+    from scaledl_lab.scaling import workers_axis
+
+    ax = Figure().subplots()
+    ax.plot([1, 2, 4, 8, 16], [1, 2, 3, 4, 5])
+    workers_axis(ax, [1, 2, 4, 8, 16])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
+    assert ax.get_xscale() == "log"
