@@ -3,6 +3,7 @@ pattern it teaches the same way: who holds what, and what travels between whom."
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -132,4 +133,100 @@ def compression_diagram(workers: int = 2, ax=None):
     ax.set(xlim=(-0.9, 11.1), ylim=(-1.5 * workers + 0.4, 0.8))
     ax.set_axis_off()
     ax.set_title("compressed allreduce with error feedback: what is not sent now is sent later")
+    return ax
+
+
+def _ring_positions(count: int, radius: float = 1.6) -> list[tuple[float, float]]:
+    angles = [math.pi / 2 - 2 * math.pi * k / count for k in range(count)]  # clockwise from top
+    return [(radius * math.cos(a), radius * math.sin(a)) for a in angles]
+
+
+def _towards(a: tuple[float, float], b: tuple[float, float], gap: float):
+    # The segment a → b shortened by ``gap`` at both ends (so arrows stop at the boxes).
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    length = math.hypot(dx, dy) or 1.0
+    ux, uy = dx / length, dy / length
+    return (a[0] + gap * ux, a[1] + gap * uy), (b[0] - gap * ux, b[1] - gap * uy)
+
+
+def ring_allreduce_diagram(workers: int = 4, ax=None):
+    """Ring allreduce: every rank sends one chunk (1/N of the gradient) to the next rank and
+    receives one from the previous, N − 1 times to reduce and N − 1 times to share the sums."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.6, 4.6))
+    spots = _ring_positions(workers, radius=2.0)
+    for rank, spot in enumerate(spots):
+        _box(ax, *spot, f"rank {rank}\ngradient\n{workers} chunks", width=1.0, height=0.75)
+    for rank, spot in enumerate(spots):
+        start, end = _towards(spot, spots[(rank + 1) % workers], 0.62)
+        _arrow(ax, start, end, COLLECTIVE)
+    note = f"{2 * (workers - 1)} steps, each:\none chunk of\nn/{workers} bytes\nto the next rank"
+    ax.text(0, 0, note, ha="center", va="center", fontsize=8, color=COLLECTIVE)
+    ax.set(xlim=(-2.7, 2.7), ylim=(-2.6, 2.6), aspect="equal")
+    ax.set_axis_off()
+    ax.set_title(f"ring allreduce, N = {workers}: each rank sends 2(N−1)/N × n bytes", fontsize=10)
+    return ax
+
+
+def parameter_server_diagram(workers: int = 4, servers: int = 2, ax=None):
+    """Workers pull the weights from the servers and push gradients back; server ``s`` holds
+    shard ``s`` of the flat parameter vector, so every worker talks to every server."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6.0, 1.7 * workers + 1.0), 3.6))
+    span = 1.7 * (workers - 1)
+    server_x = [span * (s + 0.5) / servers for s in range(servers)]
+    for s, x in enumerate(server_x):
+        _box(ax, x, 1.6, f"server {s}\nshard {s + 1}/{servers} of w", width=1.5)
+    for w in range(workers):
+        _box(ax, 1.7 * w, -1.0, f"worker {w}\nits own batch", width=1.4)
+        for x in server_x:
+            a, b = (1.7 * w, -0.55), (x, 1.15)
+            nx, ny = b[1] - a[1], a[0] - b[0]  # a normal: push and pull side by side
+            nx, ny = 0.09 * nx / math.hypot(nx, ny), 0.09 * ny / math.hypot(nx, ny)
+            _arrow(ax, (a[0] - nx, a[1] - ny), (b[0] - nx, b[1] - ny), BACKWARD)
+            _arrow(ax, (b[0] + nx, b[1] + ny), (a[0] + nx, a[1] + ny), FORWARD)
+    ax.text(span + 0.9, 0.5, "push gradient\nslice", color=BACKWARD, fontsize=8, va="bottom")
+    ax.text(span + 0.9, 0.1, "pull weights\nslice", color=FORWARD, fontsize=8, va="top")
+    ax.set(xlim=(-0.9, span + 2.3), ylim=(-1.6, 2.2))
+    ax.set_axis_off()
+    ax.set_title(f"parameter server: {workers} workers, {servers} server shards")
+    return ax
+
+
+def topology_diagram(spec: str = "ring", workers: int = 8, what: str = "gradients", ax=None):
+    """The workers of a ring or torus and the links to their neighbours (each link carries
+    ``what`` both ways); torus links that wrap around are drawn as stubs off the grid."""
+    from .topology import neighbours, parse
+
+    kind, height, width = parse(spec, workers)
+    if ax is None:
+        size = (1.3 * width + 1.4, 1.3 * height + 1.2) if kind == "torus" else (4.6, 4.2)
+        _, ax = plt.subplots(figsize=size)
+    if kind == "torus":
+        spots = [(1.3 * (r % width), -1.3 * (r // width)) for r in range(workers)]
+    else:
+        spots = _ring_positions(workers, radius=0.28 * workers + 0.6)
+    for rank, spot in enumerate(spots):
+        ax.add_patch(plt.Circle(spot, 0.3, facecolor="#F2F2F2", edgecolor="black"))
+        ax.text(*spot, str(rank), ha="center", va="center", fontsize=9)
+    for rank in range(workers):
+        for other in neighbours(spec, workers, rank):
+            if other < rank:
+                continue
+            a, b = spots[rank], spots[other]
+            if math.dist(a, b) <= 1.31 or kind != "torus":  # an edge on the grid or the ring
+                _arrow(ax, *_towards(a, b, 0.32), COLLECTIVE, both=True)
+            else:  # wrap-around: a stub leaving each end outwards
+                ux, uy = (b[0] - a[0]) / math.dist(a, b), (b[1] - a[1]) / math.dist(a, b)
+                for p, sign in ((a, -1), (b, 1)):
+                    start = (p[0] + sign * 0.32 * ux, p[1] + sign * 0.32 * uy)
+                    end = (p[0] + sign * 0.75 * ux, p[1] + sign * 0.75 * uy)
+                    _arrow(ax, start, end, COLLECTIVE, both=True)
+    xs, ys = [s[0] for s in spots], [s[1] for s in spots]
+    ax.set(xlim=(min(xs) - 0.9, max(xs) + 0.9), ylim=(min(ys) - 0.9, max(ys) + 0.9), aspect="equal")
+    ax.set_axis_off()
+    degree = len(neighbours(spec, workers, 0))
+    wrap = "\n(links leaving the grid wrap around to the other side)" if kind == "torus" else ""
+    ax.set_title(f"{spec}, {workers} workers: each sends its {what}\n"
+                 f"to its {degree} neighbours{wrap}", fontsize=10)  # fmt: skip
     return ax
