@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import cli_large_batch
 from .config import (
@@ -33,7 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("reproduce", help="the paper comparison")
     rep.add_argument("--quick", action="store_true", help="small data, few epochs (minutes)")
     rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
-    rep.add_argument("--address", default=None, help="attach to this Dask scheduler")
+    rep.add_argument(
+        "--smoke",
+        action="store_true",
+        help="only the runs on Dask, 512 samples each: checks a cluster, measures nothing",
+    )
+    _cluster_options(rep)
 
     run = sub.add_parser("run", help="one training run")
     d = ExperimentConfig.__dataclass_fields__
@@ -143,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-error-feedback", action="store_true", help="drop what compression leaves out"
     )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
-    run.add_argument("--address", default=None, help="attach to this Dask scheduler")
+    _cluster_options(run)
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
 
     sub.add_parser("list", help="strategies, runtimes, datasets, models, cost profiles")
@@ -164,6 +170,20 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
     bench.add_argument("name", nargs="?", default=None)
     return p
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("an existing cluster")
+    group.add_argument("--address", default=None, help="attach to this Dask scheduler")
+    group.add_argument("--tls-ca-file", default=None, help="tls:// scheduler: CA (PEM)")
+    group.add_argument("--tls-cert", default=None, help="tls:// scheduler: client certificate")
+    group.add_argument("--tls-key", default=None, help="tls:// scheduler: its private key")
+
+
+def _security(args: argparse.Namespace) -> Any:
+    from .cluster import tls_security
+
+    return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
@@ -271,15 +291,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             cfg = _config_from_args(args)
             out = args.out or f"results/{cfg.label}"
-            results = run(cfg, address=args.address, out=out)
+            results = run(cfg, address=args.address, out=out, security=_security(args))
             print(results.summary().to_string(index=False))
             print(f"results written to {out}")
         elif args.command == "reproduce":
-            from .reproduce import reproduce
+            from .reproduce import reproduce, smoke_configs
 
-            is_q = args.quick or is_quick()
-            out = args.out or ("results/reproduce-quick" if is_q else "results/reproduce")
-            reproduce(is_quick=is_q, out=out, address=args.address)
+            is_q = args.quick or args.smoke or is_quick()
+            default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")
+            out = args.out or default
+            configs, traffic = (smoke_configs(), []) if args.smoke else (None, None)
+            reproduce(
+                is_quick=is_q,
+                out=out,
+                address=args.address,
+                configs=configs,
+                traffic=traffic,
+                security=_security(args),
+            )
             print((Path(out) / "summary.md").read_text())
             print(f"results written to {out}")
     except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:  # CostModelError too

@@ -5,9 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import dask
 from distributed import Client, LocalCluster
+from distributed.security import Security
+
+from .errors import ConfigError
 
 # Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
 # trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.
@@ -42,6 +46,43 @@ def start_local(workers: int, *, dashboard: bool = True) -> Client:
     return client
 
 
+def tls_security(
+    ca_file: str | None = None, cert: str | None = None, key: str | None = None
+) -> Security | None:
+    """Dask's :class:`Security` for a ``tls://`` scheduler from PEM files (the options of
+    `dask scheduler` and `dask worker`: ``--tls-ca-file --tls-cert --tls-key``); None when none
+    is given, and Dask's config (``distributed.comm.tls.*``) applies."""
+    if ca_file is None and cert is None and key is None:
+        return None
+    missing = [n for n, v in (("ca_file", ca_file), ("cert", cert)) if v is None]
+    if missing:
+        raise ConfigError(
+            f"TLS needs the CA file and this client's certificate; missing: {', '.join(missing)} "
+            "(CLI: --tls-ca-file CA.pem --tls-cert CERT.pem [--tls-key KEY.pem])"
+        )
+    for path in (ca_file, cert, key):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"TLS file {path} does not exist")
+    return Security(
+        tls_ca_file=str(ca_file),
+        tls_client_cert=str(cert),
+        tls_client_key=None if key is None else str(key),
+        require_encryption=True,
+    )
+
+
+def _check_tls(address: str, security: Security | None) -> None:
+    """A ``tls://`` scheduler without credentials fails deep in the TLS layer; say what to pass."""
+    if not address.startswith("tls://"):
+        return
+    if (security or Security()).get_connection_args("client")["ssl_context"] is None:
+        raise ConfigError(
+            f"the scheduler {address} speaks TLS, but no certificate was given: pass "
+            "--tls-ca-file, --tls-cert and --tls-key (Python: security=tls_security(...) or a "
+            "distributed.security.Security), or set distributed.comm.tls.* in Dask's config"
+        )
+
+
 @contextlib.contextmanager
 def connect(
     workers: int,
@@ -49,15 +90,18 @@ def connect(
     *,
     dashboard: bool = True,
     log: Callable[[str], None] | None = print,
+    security: Security | None = None,
 ) -> Iterator[Client]:
     """A client for ``workers`` real workers.
 
     Without ``address``: an embedded LocalCluster, one process and one thread per worker, its
-    dashboard on 127.0.0.1 (the link is logged). With ``address`` (``tcp://host:8786``): attach
-    to a running scheduler (dask-jobqueue, dask-cuda, Kubernetes ...) and leave it running.
+    dashboard on 127.0.0.1 (the link is logged). With ``address`` (``tcp://host:8786``, or
+    ``tls://`` with ``security``, or with Dask's ``distributed.comm.tls`` config): attach to a
+    running scheduler (dask-jobqueue, dask-cuda, Kubernetes ...) and leave it running.
     """
     if address is not None:
-        client = Client(address)
+        _check_tls(address, security)
+        client = Client(address, security=security)
         try:
             if log:
                 log(f"Attached to Dask scheduler {address} (dashboard: {client.dashboard_link})")

@@ -161,8 +161,13 @@ class Stragglers:
             return cls(seed=seed)
         slow: dict[int, float] = {}
         spread = prob = secs = 0.0
+        seen: set[str] = set()
         for part in spec.split(","):
             kind, *args = part.strip().split(":")
+            key = f"slow:{args[0]}" if kind == "slow" and args else kind
+            if key in seen:  # a later one would silently replace the first
+                raise CostModelError(f"stragglers={spec!r}: {key!r} is given twice")
+            seen.add(key)
             try:
                 if kind == "slow" and len(args) == 2:
                     slow[int(args[0])] = float(args[1])
@@ -299,6 +304,25 @@ def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
     )
 
 
+def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
+    """Stragglers name ranks of this run, and only the simulator has them (a slow real worker
+    is a slow machine): said before any work, not found missing from the results."""
+    if not cfg.stragglers:
+        return
+    if cfg.runtime != "sim":
+        raise CostModelError(
+            f"stragglers={cfg.stragglers!r} apply to the simulated runtime only "
+            f"(runtime='sim'); runtime={cfg.runtime!r} runs real workers at their own speed"
+        )
+    bad = sorted(r for r in stragglers.slow if not 0 <= r < cfg.workers)
+    if bad:
+        raise CostModelError(
+            f"stragglers={cfg.stragglers!r}: "
+            + (f"ranks {bad} are not workers" if len(bad) > 1 else f"rank {bad[0]} is not a worker")
+            + f" of this run (workers={cfg.workers}: ranks 0 to {cfg.workers - 1})"
+        )
+
+
 def check_config(cfg: Any) -> None:
     """Config errors of the cost-model fields (a ConfigError naming the field)."""
     from .errors import ConfigError, choices
@@ -310,7 +334,7 @@ def check_config(cfg: Any) -> None:
         )
     try:
         network_profile(cfg.network)
-        Stragglers.parse(cfg.stragglers)
+        _check_stragglers(cfg, Stragglers.parse(cfg.stragglers))
         if cfg.compute_profile not in DEVICES:
             if not cfg.compute_profile.endswith(".json"):
                 raise CostModelError(

@@ -236,10 +236,12 @@ def compare(
     progress: bool = True,
     on_rows: RowsCallback | None = None,
     log: Callable[[str], None] | None = print,
+    security: Any = None,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
-    Every config is validated and its data located before any cluster starts.
+    Every config is validated and its data located before any cluster starts. ``security``:
+    Dask's ``Security`` for a ``tls://`` ``address`` (see :func:`scaledl_lab.cluster.connect`).
     """
     from .cluster import connect
 
@@ -300,7 +302,7 @@ def compare(
     else:
         # Only the real runs need processes: sim workers all live in this one.
         real = max(c.workers for c in configs if c.runtime != "sim")
-        with connect(real, address, log=log) as own_client:
+        with connect(real, address, log=log, security=security) as own_client:
             execute(own_client)
     results = Results(
         frame=to_frame(rows),

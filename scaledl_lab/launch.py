@@ -39,7 +39,8 @@ class BoundProgram:
         load_for(self.config)
 
     async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
-        ctx = WorkerContext(self.config, comm, load_for(self.config), device, emit, self.run_label)
+        data = load_for(self.config).to(device)  # a GPU worker's data goes there once
+        ctx = WorkerContext(self.config, comm, data, device, emit, self.run_label)
         await self.program(ctx)
         return ctx.result
 

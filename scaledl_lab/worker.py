@@ -94,8 +94,9 @@ class WorkerContext:
 
     def __post_init__(self) -> None:
         cfg = self.config
+        labels = self.data.train.y.cpu()  # indices on the CPU, wherever the data lives
         self.shard = shard_indices(
-            self.data.train.y, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
+            labels, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
         )
         # Steps per epoch, batch per epoch and the rate of every step (scaledl_lab.large_batch).
         self.plan = StepPlan.build(cfg, len(self.shard))

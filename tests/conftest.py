@@ -24,6 +24,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         ) from None
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def client() -> Client:
     with connect(2, dashboard=False, log=None) as c:

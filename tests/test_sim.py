@@ -154,6 +154,16 @@ def test_straggler_sets_the_pace_of_synchronous_steps():
         ({"network": "custom:1e-6:-5"}, r"bandwidth must be positive, got -5.0"),
         ({"network": "custom:fast"}, r"use custom:LATENCY_S:BANDWIDTH_BPS"),
         ({"stragglers": "slow:1"}, r"stragglers='slow:1': cannot read 'slow:1'"),
+        (
+            {"stragglers": "slow:9:2"},  # the default run has 2 workers
+            r"stragglers='slow:9:2': rank 9 is not a worker of this run \(workers=2: ranks 0 to",
+        ),
+        (
+            {"stragglers": "slow:-1:2,slow:2:3,slow:0:2"},
+            r"ranks \[-1, 2\] are not workers of this run \(workers=2: ranks 0 to 1\)",
+        ),
+        ({"stragglers": "slow:1:2,slow:1:4"}, r"stragglers='slow:1:2,slow:1:4': 'slow:1' is given"),
+        ({"stragglers": "spread:0.1,spread:0.2"}, r"'spread' is given twice"),
         ({"allreduce_algorithm": "butterfly"}, r"allreduce_algorithm='butterfly' is unknown"),
         ({"compute_profile": "/nowhere/cal.json"}, r"calibration file /nowhere/cal.json does not"),
     ],
@@ -161,6 +171,17 @@ def test_straggler_sets_the_pace_of_synchronous_steps():
 def test_bad_cost_model_input(changes, message):
     with pytest.raises(ConfigError, match=message):
         ExperimentConfig(runtime="sim", **changes)
+
+
+def test_stragglers_on_real_workers_are_refused_before_any_work(capsys):
+    with pytest.raises(ConfigError, match=r"stragglers='slow:1:2' apply to the simulated runtime"):
+        ExperimentConfig(runtime="dask", stragglers="slow:1:2")
+    from scaledl_lab.cli import main
+
+    code = main(["run", "--runtime", "sim", "--workers", "2", "--stragglers", "slow:9:2"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "error: stragglers='slow:9:2': rank 9 is not a worker of this run (workers=2" in err
 
 
 def test_more_workers_than_samples():

@@ -76,6 +76,15 @@ class DataSplits:
     def num_classes(self) -> int:
         return self.train.num_classes
 
+    def to(self, device: torch.device) -> DataSplits:
+        """The splits on ``device``: a GPU worker copies its data there once, not every batch."""
+        if self.train.x.device == device:
+            return self
+        splits = (self.train, self.val, self.test)
+        return DataSplits(
+            *(Dataset(d.name, d.x.to(device), d.y.to(device), d.num_classes) for d in splits)
+        )
+
 
 class RawData(NamedTuple):
     """Train and test arrays as stored on disk (e.g. uint8 pixels), before normalisation.

@@ -21,6 +21,7 @@ from distributed import Client, Queue
 from ..errors import ConfigError, RunError, WorkerLostError
 from .base import Launch, Outcome
 from .dask_worker import ServerHost, free_port, run_rank
+from .devices import plan_devices, probe
 
 POLL_S = 0.25
 LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
@@ -60,7 +61,12 @@ def run_dask(
         raise ConfigError(
             f"workers={launch.world_size} but the cluster has only {len(addresses)} worker(s)"
         )
+    # Which device each rank trains on, from what its worker sees: errors before any work.
+    probes = [client.submit(probe, workers=[a], pure=False) for a in addresses]
+    devices = plan_devices(launch.device, client.gather(probes))
+    # The rendezvous is on rank 0's worker, at the address the other workers reach it by.
     host = urlparse(addresses[0]).hostname
+    host = f"[{host}]" if ":" in host else host  # IPv6
     port = client.submit(free_port, workers=[addresses[0]], pure=False).result()
     queue_name = f"scaledl-{uuid.uuid4().hex}"
     queue = Queue(queue_name, client=client)
@@ -79,6 +85,7 @@ def run_dask(
             queue_name,
             actors,
             server_hosts,
+            device=devices[rank],
             key=f"{label}-rank{rank}-{uuid.uuid4().hex[:8]}",
             workers=[addr],
             allow_other_workers=False,

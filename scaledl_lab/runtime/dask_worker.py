@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from distributed import Queue, get_worker
 
-from ..errors import ConfigError
 from .base import NOT_READY, Launch, clone_tensors, tensor_bytes
+from .devices import use_device
 from .memory import keep_freed_memory
 from .torch_comm import TorchComm
 
@@ -51,15 +51,6 @@ class ServerHost:
 
     def stats(self) -> dict[str, int]:
         return {"calls": self.calls, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
-
-
-def pick_device(choice: str, rank: int) -> torch.device:
-    """One device per worker: a GPU when there is one (round-robin by rank), else the CPU."""
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("device='cuda' was asked for, but this worker sees no CUDA device")
-    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 class _QueueSink:
@@ -129,13 +120,16 @@ def run_rank(
     queue_name: str,
     servers: list[Any],
     server_addresses: list[str],
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """The one long-running task of a rank: rendezvous, run the program, always leave the group."""
+    """The one long-running task of a rank: rendezvous, run the program, always leave the group.
+
+    ``device``: the one the driver planned for this worker (:mod:`.devices`)."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     keep_freed_memory()
-    device = pick_device(launch.device, rank)
+    where = use_device(device)
     launch.program.prepare()
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "nccl" if where.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
         init_method=init_method,
@@ -146,7 +140,7 @@ def run_rank(
     try:
         with _profiler_paused():
             dist.barrier()
-            t0 = _shared_origin(device)
+            t0 = _shared_origin(where)
             sink = _QueueSink(queue_name)
             comm = TorchComm(
                 rank,
@@ -156,9 +150,10 @@ def run_rank(
                 servers=servers,
                 server_addresses=server_addresses,
                 timeout_s=launch.timeout_s,
+                device=where,
             )
             try:
-                return asyncio.run(launch.program(comm, device, sink.emit))
+                return asyncio.run(launch.program(comm, where, sink.emit))
             finally:
                 sink.flush()
     finally:

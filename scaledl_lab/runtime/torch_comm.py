@@ -2,7 +2,10 @@
 
 Collectives and point-to-point messages go over an initialised process group (gloo on CPU,
 NCCL on GPU), in wall-clock time; hosted servers are Dask actors; memory shared by the
-workers of one machine is a file in /dev/shm.
+workers of one machine is a file in /dev/shm. On a GPU, NCCL carries device tensors only: a
+CPU tensor handed to the comm (a step's loss, evaluation counts) travels through the device and
+is written back, and server calls carry CPU tensors out and device tensors back, so a strategy
+never needs to know where it runs.
 """
 
 from __future__ import annotations
@@ -32,11 +35,16 @@ class _Done(Pending):
 
 
 class _Work(Pending):
-    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+    """A started operation on ``staged`` (``tensor`` itself, or its device copy)."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor, staged: torch.Tensor | None = None) -> None:
         self.work, self.tensor = work, tensor
+        self.staged = tensor if staged is None else staged
 
     async def wait(self) -> torch.Tensor:
         self.work.wait()
+        if self.staged is not self.tensor:
+            self.tensor.copy_(self.staged)
         return self.tensor
 
 
@@ -44,8 +52,9 @@ class _Posted(Incoming):
     """A posted gloo receive. Gloo's recv work reports ``is_completed()`` only after ``wait()``
     (and has no future), so the first ``ready()`` starts a helper thread that waits for it."""
 
-    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+    def __init__(self, work: Any, tensor: torch.Tensor, staged: torch.Tensor | None = None) -> None:
         self.work, self.tensor = work, tensor
+        self.staged = tensor if staged is None else staged
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -59,6 +68,8 @@ class _Posted(Incoming):
             self._done.set()
 
     def ready(self) -> bool:
+        if self.staged.is_cuda:  # NCCL: the work's CUDA event says when the data is there
+            return self.work.is_completed()
         if self._thread is None:
             self._thread = threading.Thread(target=self._wait_in_thread, daemon=True)
             self._thread.start()
@@ -71,6 +82,8 @@ class _Posted(Incoming):
             self._thread.join()
             if self._error is not None:
                 raise self._error
+        if self.staged is not self.tensor:
+            self.tensor.copy_(self.staged)
         return self.tensor
 
 
@@ -80,11 +93,23 @@ class _ActorCall(Pending):
 
     async def wait(self) -> Any:
         try:
-            return self.future.result(timeout=self.comm.timeout_s)
+            value = self.future.result(timeout=self.comm.timeout_s)
         except Exception as exc:  # a dead host: OSError, CommClosedError or the timeout
             raise self.comm.server_lost(
                 self.server, f"did not answer within {self.comm.timeout_s:g} s", exc
             ) from None
+        return self.comm.to_device(value)
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    """``value`` with its tensors on ``device`` (tuples, lists and dicts walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _moved(v, device) for k, v in value.items()}
+    return value
 
 
 class TorchComm(Comm):
@@ -103,8 +128,11 @@ class TorchComm(Comm):
         servers: list[Any] | None = None,
         server_addresses: list[str] | None = None,
         timeout_s: float = 60.0,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__(rank, world_size)
+        # NCCL moves device tensors only; None: every tensor goes as it is (gloo, CPU).
+        self.device = device if device is not None and device.type == "cuda" else None
         self.t0 = t0
         self.run_id = run_id
         self.servers = servers or []
@@ -115,6 +143,16 @@ class TorchComm(Comm):
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    def _staged(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor the process group moves: ``tensor``, or its copy on this rank's GPU."""
+        if self.device is None or tensor.device == self.device:
+            return tensor
+        return tensor.to(self.device)
+
+    def to_device(self, value: Any) -> Any:
+        """A server's reply on this rank's device (servers hold CPU tensors)."""
+        return value if self.device is None else _moved(value, self.device)
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         group = super().new_group(ranks)
@@ -128,7 +166,8 @@ class TorchComm(Comm):
         if size == 1:
             return _Done(tensor)
         pg = None if group is None else self.groups[group]
-        return _Work(dist.all_reduce(tensor, group=pg, async_op=True), tensor)
+        staged = self._staged(tensor)
+        return _Work(dist.all_reduce(staged, group=pg, async_op=True), tensor, staged)
 
     async def allgather(
         self, tensor: torch.Tensor, group: Group | None = None
@@ -137,32 +176,39 @@ class TorchComm(Comm):
         self.bytes_sent += allgather_bytes(tensor.numel() * tensor.element_size(), size)
         if size == 1:
             return [tensor.detach().clone()]
-        out = [torch.empty_like(tensor) for _ in range(size)]
-        dist.all_gather(
-            out, tensor.contiguous(), group=None if group is None else self.groups[group]
-        )
-        return out
+        staged = self._staged(tensor.contiguous())
+        out = [torch.empty_like(staged) for _ in range(size)]
+        dist.all_gather(out, staged, group=None if group is None else self.groups[group])
+        return [t.to(tensor.device) for t in out]
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:
             self.bytes_sent += tensor.numel() * tensor.element_size() * (self.world_size - 1)
         if self.world_size > 1:
-            dist.broadcast(tensor, src)
+            staged = self._staged(tensor)
+            dist.broadcast(staged, src)
+            if staged is not tensor:
+                tensor.copy_(staged)
         return tensor
 
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        return _Work(dist.isend(tensor, dst), tensor)
+        staged = self._staged(tensor)  # kept alive by the _Work until the send completes
+        return _Work(dist.isend(staged, dst), tensor, staged)
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
-        return _Posted(dist.irecv(tensor, src), tensor)
+        staged = self._staged(tensor)
+        return _Posted(dist.irecv(staged, src), tensor, staged)
 
     async def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        dist.send(tensor, dst)
+        dist.send(self._staged(tensor), dst)
 
     async def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        dist.recv(tensor, src)
+        staged = self._staged(tensor)
+        dist.recv(staged, src)
+        if staged is not tensor:
+            tensor.copy_(staged)
         return tensor
 
     @property
@@ -173,6 +219,8 @@ class TorchComm(Comm):
         if not 0 <= server < len(self.servers):
             return super().call_start(server, method, *args)
         self.bytes_sent += tensor_bytes(args)
+        if self.device is not None:  # servers live in other processes, on the CPU
+            args = _moved(args, torch.device("cpu"))
         try:
             future = self.servers[server].call(method, args)
         except Exception as exc:  # the actor's worker is already gone

@@ -44,9 +44,9 @@ class NaiveAllreduce:
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
         """Average gradients in place; return ``stats`` summed over the workers."""
         grads = [grad_or_zeros(p).reshape(-1) for p in self.params]
-        flat = torch.cat(grads + [stats.to(grads[0].dtype)])
+        flat = torch.cat(grads + [stats.to(grads[0].device, grads[0].dtype)])
         await self.comm.allreduce(flat)
-        summed = flat[-len(stats) :].to(stats.dtype)
+        summed = flat[-len(stats) :].to(stats.device, stats.dtype)
         _scatter_back(flat[: -len(stats)], self.params, self.comm.world_size)
         return summed
 
