@@ -17,6 +17,7 @@ from .config import ExperimentConfig
 from .experiment import Results, run, to_frame, total_steps
 
 REDRAW_S = 1.5
+LABEL = {"description_width": "90px"}  # wide enough for "batch/worker"
 TEXT = "TrainingPanel: controls, a Run button, progress and curves (run the notebook to use it)"
 
 
@@ -95,10 +96,17 @@ class TrainingPanel:
         self.defaults = defaults
         self.size = _worker_count(client) or defaults.workers  # workers a fresh cluster gets
         self.workers = w.IntSlider(
-            value=min(defaults.workers, self.size), min=1, max=self.size, description="workers"
+            value=min(defaults.workers, self.size),
+            min=1,
+            max=self.size,
+            description="workers",
+            style=LABEL,
         )
         self.batch_size = w.Dropdown(
-            options=[16, 32, 64, 128, 256], value=defaults.batch_size, description="batch/worker"
+            options=[16, 32, 64, 128, 256],
+            value=defaults.batch_size,
+            description="batch/worker",
+            style=LABEL,
         )
         self.lr = w.FloatLogSlider(
             value=defaults.lr,
@@ -107,11 +115,17 @@ class TrainingPanel:
             max=0,
             step=0.1,
             description="lr",
+            style=LABEL,
             readout_format=".4f",
         )
-        self.epochs = w.IntSlider(value=defaults.epochs, min=1, max=20, description="epochs")
+        self.epochs = w.IntSlider(
+            value=defaults.epochs, min=1, max=20, description="epochs", style=LABEL
+        )
         self.model = w.Dropdown(
-            options=["mlp", "cnn", "resnet18"], value=defaults.model, description="model"
+            options=["mlp", "cnn", "resnet18"],
+            value=defaults.model,
+            description="model",
+            style=LABEL,
         )
         self.button = w.Button(description="Run", button_style="primary", icon="play")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="steps")
