@@ -73,7 +73,7 @@ return {
   prompts: [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
     .map(p => p.textContent.trim()),
   errors: [...document.querySelectorAll('.jp-OutputArea-output')]
-    .map(o => o.textContent).filter(t => t.includes('Traceback')).map(t => t.slice(0, 500)),
+    .map(o => o.textContent).filter(t => t.includes('Traceback')).map(t => t.slice(-1000)),
 };
 """
 
@@ -262,13 +262,13 @@ def test_notebook_01_in_jupyterlab(lab: tuple[str, str], browser: Any, artefacts
         _wait("Run All to start", lambda: "[*]:" in cells()["prompts"], 30, cells)
         _wait("the panel", lambda: (p := panel()) and p["disabled"], 180, panel)
         shot("run-all-training")
-        _wait(
-            "Run All to finish",
-            lambda: all(p[1:-2].isdigit() for p in cells()["prompts"]) and idle(),
-            600,
-            cells,
-        )
-        assert not cells()["errors"], cells()
+
+        def ran_all() -> bool:
+            state = cells()
+            assert not state["errors"], "a cell failed:\n" + "\n".join(state["errors"])
+            return all(p[1:-2].isdigit() for p in state["prompts"]) and idle()
+
+        _wait("Run All to finish", ran_all, 600, cells)
         state = panel()
         assert state and state["progress"] == "100%" and state["curves"], state
         shot("run-all-done")

@@ -85,3 +85,18 @@ def test_run_after_the_cluster_was_shut_down_starts_a_fresh_one() -> None:
     finally:
         if panel.client is not gone:
             panel.client.shutdown()
+
+
+def test_run_with_the_cluster_gone_starts_a_fresh_one() -> None:
+    """The cluster stopped under a live client (workers and scheduler gone, client open)."""
+    client = start_local(1, dashboard=False)
+    panel = TrainingPanel(client, defaults=TINY.replace(workers=1))
+    client.cluster.close()
+    try:
+        panel.run()
+        _assert_done(panel)
+        assert "shut down or lost" in panel.status.value
+    finally:
+        client.close()
+        if panel.client is not client:
+            panel.client.shutdown()
