@@ -108,15 +108,13 @@ class TrainingPanel:
             description="batch/worker",
             style=LABEL,
         )
-        self.lr = w.FloatLogSlider(
+        # A list, not a log slider: a slider snaps 0.05 to 10**-1.3 = 0.0501 in the browser, so
+        # Run with the defaults would train with another learning rate than the notebook's.
+        self.lr = w.Dropdown(
+            options=sorted({0.001, 0.003, 0.01, 0.03, 0.05, 0.1, 0.3, defaults.lr}),
             value=defaults.lr,
-            base=10,
-            min=-4,
-            max=0,
-            step=0.1,
             description="lr",
             style=LABEL,
-            readout_format=".4f",
         )
         self.epochs = w.IntSlider(
             value=defaults.epochs, min=1, max=20, description="epochs", style=LABEL
@@ -193,7 +191,7 @@ class TrainingPanel:
     def run(self, config: ExperimentConfig | None = None) -> Results:
         """Train once with the controls' config (or ``config``); errors show in the panel too."""
         self._busy(True)
-        self.progress.bar_style = "info"
+        self.progress.value, self.progress.bar_style = 0, "info"
         try:
             cfg = config or self.config()
             client, note = self._live_client()

@@ -238,12 +238,14 @@ def test_notebook_01_in_jupyterlab(lab: tuple[str, str], browser: Any, artefacts
 
     def run_panel(name: str) -> None:
         browser.execute_script("document.querySelector('.jp-Notebook .widget-button').click();")
-        busy = _wait("the busy state", lambda: (p := panel()) and p["disabled"], 60, panel)
+        busy = _wait("the busy state", lambda: (p := panel()) and p["disabled"] and p, 60, panel)
         assert busy["button"] == "Training…", busy
         shot(f"{name}-training")
         done = _wait(
             "the run to finish",
-            lambda: (p := panel()) and not p["disabled"] and p["status"].startswith(("done", "f")),
+            lambda: (
+                (p := panel()) and not p["disabled"] and p["status"][:4] in ("done", "fail") and p
+            ),
             300,
             panel,
         )
