@@ -142,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--no-error-feedback", action="store_true", help="drop what compression leaves out"
     )
+    runs = run.add_argument_group("injected faults")
+    runs.add_argument(
+        "--faults", default=None, help="kill:RANK:STEP (commas): worker RANK dies after STEP"
+    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     run.add_argument("--address", default=None, help="attach to this Dask scheduler")
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
@@ -184,6 +188,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
         balance=args.balance, recompute=args.recompute, **cli_large_batch.config_options(args),
         compress=args.compress, error_feedback=not args.no_error_feedback,
+        faults=args.faults,
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 

@@ -122,6 +122,8 @@ class ExperimentConfig:
     no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
     compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
     error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
+    # Injected faults (scaledl_lab.faults).
+    faults: str | None = None  # "kill:RANK:STEP,...": worker RANK dies after its step STEP
 
     def __post_init__(self) -> None:
         validate(self)
@@ -288,6 +290,9 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
     from .compression import check_config as check_compression
 
     check_compression(cfg)
+    from .faults import parse_faults
+
+    parse_faults(cfg.faults, cfg.workers)
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from .config import ExperimentConfig, check_resources
 from .errors import ConfigError, RunError
+from .faults import check_fault_steps
 from .large_batch_checks import check_data as check_large_batch_data
 from .launch import RowsCallback
 from .launch import execute as execute_run
@@ -225,6 +226,7 @@ def check_data(cfg: ExperimentConfig) -> None:
             "batch, fewer workers or more data"
         )
     check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
+    check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
 
 
 def compare(

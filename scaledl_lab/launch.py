@@ -62,7 +62,7 @@ def launch_for(
         world_size=cfg.workers,
         label=run_label,
         servers=tuple(functools.partial(spec.create, cfg, i) for i in range(count)),
-        tolerates_worker_loss=strategy.tolerates_worker_loss,
+        tolerates_worker_loss=strategy.survives_worker_loss(cfg),
         device=cfg.device,
         timeout_s=cfg.timeout_s,
     )

@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {
     "errors": 0, "contract": 0,
     "config": 1, "topology": 1, "models": 1, "data": 1, "cost": 1, "metrics": 1, "params": 1,
     "cluster": 1, "partition": 1, "plan": 1, "large_batch": 1, "large_batch_checks": 1, "optim": 1,
-    "compression": 1,
+    "compression": 1, "faults": 1,
     "runtime": 2,
     "worker": 3,
     "strategies": 4,
