@@ -5,18 +5,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .config import ExperimentConfig, check_resources
+from .environment import environment_info
 from .errors import ConfigError, RunError
 from .faults import check_fault_steps
 from .large_batch_checks import check_data as check_large_batch_data
@@ -25,41 +22,15 @@ from .launch import execute as execute_run
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .worker import load_for, steps_per_epoch_of, total_steps
 
-__all__ = ["METRIC_COLUMNS", "Results", "compare", "run", "to_frame", "total_steps"]
-
-
-def environment_info() -> dict[str, Any]:
-    """Package versions and machine facts saved beside every result."""
-    versions = {}
-    for pkg in ("scaledl_lab", "torch", "dask", "distributed", "numpy", "pandas", "mnist1d"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=5,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    import torch
-
-    return {
-        "versions": versions,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cuda_devices": torch.cuda.device_count(),
-        "git_commit": commit,
-    }
+__all__ = [
+    "METRIC_COLUMNS",
+    "Results",
+    "compare",
+    "environment_info",
+    "run",
+    "to_frame",
+    "total_steps",
+]
 
 
 class _CsvAppender:
