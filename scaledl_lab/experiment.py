@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from .checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, RunError
@@ -36,11 +37,12 @@ __all__ = [
 class _CsvAppender:
     """Appends rows to metrics.csv as they arrive, so a failed run leaves what it measured."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fresh: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        with path.open("w", newline="") as f:
-            csv.writer(f).writerow(METRIC_COLUMNS)
+        if fresh:  # else: a resumed run appends to the table already there
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerow(METRIC_COLUMNS)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         with self.path.open("a", newline="") as f:
@@ -100,8 +102,7 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         self.frame.to_csv(out / "metrics.csv", index=False)
         self.frame.to_parquet(out / "metrics.parquet", index=False)
-        meta = {"runs": [c.to_dict() for c in self.configs], "environment": environment_info()}
-        (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        write_config(out, self.configs)
         plots.save_standard_plots(self.frame, out)
         text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
         if len(self.events):
@@ -167,6 +168,13 @@ class Results:
         return cls(frame=frame, configs=configs, outputs=outputs, out_dir=out, events=events)
 
 
+def write_config(out: Path, configs: Sequence[ExperimentConfig]) -> None:
+    """config.json: the exact configs, package versions and machine."""
+    meta = {"runs": [c.to_dict() for c in configs], "environment": environment_info()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+
+
 def _file_name(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
@@ -209,10 +217,13 @@ def compare(
     progress: bool = True,
     on_rows: RowsCallback | None = None,
     log: Callable[[str], None] | None = print,
+    resume: dict[int, dict[str, Any]] | None = None,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
-    Every config is validated and its data located before any cluster starts.
+    Every config is validated and its data located before any cluster starts. ``resume``
+    (:func:`scaledl_lab.resume.resume`): one config continues from every rank's checkpoint
+    state, its rows appended to the table in ``out``.
     """
     from .cluster import connect
 
@@ -225,8 +236,19 @@ def compare(
         check_data(cfg)
     labels = _unique_labels(configs)
     out_dir = Path(out) if out is not None else None
-    append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
+    saving = [c for c in configs if c.checkpoint_every is not None]
+    if saving and (out_dir is None or len(configs) > 1):
+        raise ConfigError("checkpoint_every needs one run and a results folder (out=...)")
+    writer = Writer(out_dir, saving[0].workers) if saving and out_dir else None
     rows: list[dict[str, Any]] = []
+    offset = 0.0  # a resumed run's clock goes on from the rows it keeps
+    if resume is not None and out_dir is not None:
+        rows, offset = kept_rows(out_dir, min(int(s["step"]) for s in resume.values()))
+    append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
+    if append and rows:
+        append(rows)
+    if out_dir:  # a run that stops early still leaves its config beside its metrics
+        write_config(out_dir, configs)
     events: list[dict[str, Any]] = []
     outputs: dict[str, list[dict[str, Any]]] = {}
     timelines: dict[str, list[Any]] = {}
@@ -243,6 +265,15 @@ def compare(
                 if any(is_event(r) for r in batch):
                     events.extend(r for r in batch if is_event(r))
                     batch = [r for r in batch if not is_event(r)]
+                if any(is_checkpoint(r) for r in batch):
+                    for r in batch:
+                        if is_checkpoint(r) and writer is not None:
+                            writer(r)
+                    batch = [r for r in batch if not is_checkpoint(r)]
+                for r in batch:
+                    r["time"] += offset
+                    if r["kind"] == "worker-lost" and writer is not None:
+                        writer.lose(int(r["rank"]))
                 rows.extend(batch)
                 if append:
                     append(batch)
@@ -257,13 +288,16 @@ def compare(
                     on_rows(batch)
 
             try:
-                outcome = execute_run(cfg, label, collect, client=client)
+                outcome = execute_run(cfg, label, collect, client=client, resume=resume)
                 outputs[label] = outcome.results
                 if outcome.events is not None:
                     timelines[label] = outcome.events
             except RunError as exc:
-                where = f"; metrics so far are in {out_dir / 'metrics.csv'}" if out_dir else ""
-                raise type(exc)(f"{exc}{where}") from exc
+                raise type(exc)(f"{exc}{left_on_disk(out_dir)}") from exc
+            except KeyboardInterrupt:
+                if log is not None and out_dir is not None:
+                    log(f"interrupted{left_on_disk(out_dir)}")
+                raise
             finally:
                 if bar is not None:
                     bar.close()

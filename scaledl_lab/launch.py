@@ -34,21 +34,27 @@ class BoundProgram:
     program: Program
     config: ExperimentConfig
     run_label: str
+    resume: dict[int, dict[str, Any]] | None = None  # each rank's checkpoint (a resumed run)
 
     def prepare(self) -> None:
         load_for(self.config)
 
     async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
         ctx = WorkerContext(self.config, comm, load_for(self.config), device, emit, self.run_label)
+        ctx.resume = self.resume.get(comm.rank) if self.resume else None
         await self.program(ctx)
         return ctx.result
 
 
 def launch_for(
-    cfg: ExperimentConfig, run_label: str, program: Strategy | Program | None = None
+    cfg: ExperimentConfig,
+    run_label: str,
+    program: Strategy | Program | None = None,
+    resume: dict[int, dict[str, Any]] | None = None,
 ) -> Launch:
     """The Launch of ``cfg``: its strategy, or ``program`` instead (a Strategy with its servers,
-    or a bare per-worker program with none; benchmarks and tests run their own this way)."""
+    or a bare per-worker program with none; benchmarks and tests run their own this way);
+    ``resume``: every rank's checkpoint state, the servers' in the first rank's."""
     if program is None:
         strategy = get_strategy(cfg.strategy)
     elif isinstance(program, Strategy):
@@ -57,15 +63,24 @@ def launch_for(
         strategy = Strategy(cfg.strategy, program, "a program given by the caller")
     spec = strategy.servers
     count = spec.count(cfg) if spec is not None else 0
+    saved = resume[min(resume)].get("servers", [None] * count) if resume else [None] * count
     return Launch(
-        program=BoundProgram(strategy.program, cfg, run_label),
+        program=BoundProgram(strategy.program, cfg, run_label, resume),
         world_size=cfg.workers,
         label=run_label,
-        servers=tuple(functools.partial(spec.create, cfg, i) for i in range(count)),
+        servers=tuple(functools.partial(_server, spec, cfg, i, saved[i]) for i in range(count)),
         tolerates_worker_loss=strategy.survives_worker_loss(cfg),
         device=cfg.device,
         timeout_s=cfg.timeout_s,
     )
+
+
+def _server(spec: Any, cfg: ExperimentConfig, index: int, state: Any) -> Any:
+    """Server ``index`` of ``cfg``, given back its checkpointed ``state`` if there is one."""
+    server = spec.create(cfg, index)
+    if state is not None:
+        server.restore(state)
+    return server
 
 
 def execute(
@@ -75,9 +90,11 @@ def execute(
     *,
     client: Any = None,
     program: Strategy | Program | None = None,
+    resume: dict[int, dict[str, Any]] | None = None,
 ) -> Outcome:
-    """Run ``cfg`` on its runtime (``client``: the Dask cluster for real runs)."""
-    launch = launch_for(cfg, run_label, program)
+    """Run ``cfg`` on its runtime (``client``: the Dask cluster for real runs; ``resume``:
+    every rank's checkpoint, to continue from)."""
+    launch = launch_for(cfg, run_label, program, resume)
     if cfg.runtime == "sim":
         from .runtime.sim import run_sim
 

@@ -79,6 +79,7 @@ class WorkerContext:
     emit: Callable[[dict[str, Any]], None]
     run_label: str
     result: dict[str, Any] = field(default_factory=dict)
+    resume: dict[str, Any] | None = None  # this rank's checkpoint, when a run is resumed
 
     @property
     def rank(self) -> int:
@@ -142,15 +143,17 @@ class WorkerContext:
         for idx in epoch_batches(self.shard, size, seed=cfg.seed, epoch=epoch, rank=self.data_rank):
             yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
 
-    def local_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This worker's first ``total_steps`` mini-batches, epoch after epoch."""
+    def local_batches(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's first ``total_steps`` mini-batches, epoch after epoch (after the
+        first ``start``: a resumed run)."""
         taken = 0
         for epoch in range(self.config.epochs):
             for x, y in self.batches(epoch):
                 if taken >= self.total_steps:
                     return
                 taken += 1
-                yield x, y
+                if taken > start:
+                    yield x, y
 
     def batches_forever(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This worker's batches, epoch after epoch (asynchronous workers draw until the end)."""

@@ -31,6 +31,7 @@ from .. import topology
 from ..errors import PeerLostError
 from ..params import load_state_vector, state_vector
 from ..runtime.base import Comm, Incoming, Pending
+from ..snapshots import save_if_due, start_or_resume
 from ..worker import WorkerContext, lr_of
 from .compressed import spec_of
 from .compressed_gossip import CompressedGossip
@@ -130,12 +131,11 @@ async def train_dpsgd(ctx: WorkerContext) -> None:
     """D-PSGD (Lian et al. 2017, Algorithm 1), one worker."""
     cfg, comm = ctx.config, ctx.comm
     spec = cfg.resolved_topology
-    model, optimizer = await ctx.start()
+    model, optimizer, step = await start_or_resume(ctx)  # step > 0: a resumed run
     compression = spec_of(cfg)  # compressed: the changes of x_i travel (compressed_gossip)
     compressed = CompressedGossip(ctx, model, compression) if compression else None
-    scores: dict[str, float] = {}
-    step = 0
-    for x, y in ctx.local_batches():
+    scores: dict[str, float] = ctx.resume["extra"]["scores"] if ctx.resume else {}
+    for x, y in ctx.local_batches(step):
         sent_before = comm.bytes_sent
         # Send x_i to the neighbours, and compute ∇F_i(x_i) while the weights travel.
         flat = state_vector(model)
@@ -145,6 +145,7 @@ async def train_dpsgd(ctx: WorkerContext) -> None:
         optimizer.step()  # x_i ← Σ_j W_ij x_j − lr·∇F_i(x_i, old)
         step += 1
         scores = await finish_step(ctx, model, step, stats, scores, sent_before, lr_of(optimizer))
+        await save_if_due(ctx, step, model, optimizer, extra={"scores": scores})
     await finish(ctx, model, scores)
 
 
