@@ -111,3 +111,35 @@ def test_cli_names_the_bad_rank(capsys):
                  "--faults", "kill:9:2"])  # fmt: skip
     assert code == 1
     assert "kills rank 9, but the run has workers=2" in capsys.readouterr().err
+
+
+# -- real Dask workers: the rank's process exits at its fault --------------------------------
+
+
+def _dask_run(strategy: str, workers: int, tmp_path):
+    from scaledl_lab.cluster import connect
+
+    options = {**SMALL, "max_steps": 12}
+    cfg = ExperimentConfig(strategy=strategy, workers=workers, model="mlp", oversubscribe=True,
+                           faults="kill:1:4", **options)  # fmt: skip
+    with connect(workers, dashboard=False, log=None) as client:
+        try:
+            return run(cfg, client=client, out=tmp_path, progress=False, log=None)
+        finally:
+            saved = pd.read_csv(tmp_path / "metrics.csv")
+            train = saved[saved.kind == "train"]
+            assert train[train["rank"] == 1].step.tolist() == [1, 2, 3, 4]  # nothing lost
+
+
+def test_dask_decentralised_run_goes_on_when_a_worker_process_exits(tmp_path):
+    frame = _dask_run("dpsgd", 3, tmp_path).frame
+    train = frame[frame.kind == "train"]
+    assert train.groupby("rank").step.max().to_dict() == {0: 12, 1: 4, 2: 12}
+    lost = frame[frame.kind == "worker-lost"]
+    assert 1 in lost[lost.step == 4]["rank"].tolist()  # the fault's own row
+    assert frame[frame.kind == "consensus"]["rank"].tolist() == [0]  # among the survivors
+
+
+def test_dask_synchronous_run_stops_when_a_worker_process_exits(tmp_path):
+    with pytest.raises(WorkerLostError, match=r"\(rank 1\) died during run 'allreduce-dask-2w'"):
+        _dask_run("allreduce", 2, tmp_path)
