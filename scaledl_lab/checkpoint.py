@@ -112,18 +112,26 @@ def latest_step(folder: str | os.PathLike[str]) -> int | None:
     return json.loads(path.read_text())["step"] if path.exists() else None
 
 
-def load(folder: str | os.PathLike[str]) -> tuple[int, dict[int, dict[str, Any]]]:
-    """The last complete checkpoint in ``folder``: its step and every worker's state by rank."""
+def load_rank(folder: str | os.PathLike[str], step: int, rank: int) -> dict[str, Any]:
+    """Worker ``rank``'s state in the checkpoint of ``step`` (read where the rank runs)."""
+    return torch.load(Path(folder) / FOLDER / f"step{step}" / f"rank{rank}.pt", weights_only=False)
+
+
+def load_servers(folder: str | os.PathLike[str], step: int) -> list[Any]:
+    """The hosted servers' states in the checkpoint of ``step`` (kept by its first rank)."""
+    ranks = json.loads((Path(folder) / FOLDER / "latest.json").read_text())["ranks"]
+    return load_rank(folder, step, min(ranks)).get("servers", [])
+
+
+def load(folder: str | os.PathLike[str]) -> tuple[int, list[int]]:
+    """The last complete checkpoint in ``folder``: its step and the ranks it holds."""
     step = latest_step(folder)
     if step is None:
         raise ConfigError(
             f"{folder} holds no checkpoint ({Path(folder) / FOLDER / 'latest.json'} is missing):"
             " only runs started with --checkpoint-every (config checkpoint_every) can be resumed"
         )
-    ranks = json.loads((Path(folder) / FOLDER / "latest.json").read_text())["ranks"]
-    where = Path(folder) / FOLDER / f"step{step}"
-    states = {r: torch.load(where / f"rank{r}.pt", weights_only=False) for r in ranks}
-    return step, states
+    return step, json.loads((Path(folder) / FOLDER / "latest.json").read_text())["ranks"]
 
 
 def kept_rows(out_dir: Path, step: int) -> tuple[list[dict[str, Any]], float]:

@@ -217,13 +217,13 @@ def compare(
     progress: bool = True,
     on_rows: RowsCallback | None = None,
     log: Callable[[str], None] | None = print,
-    resume: dict[int, dict[str, Any]] | None = None,
+    resume: int | None = None,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
     Every config is validated and its data located before any cluster starts. ``resume``
-    (:func:`scaledl_lab.resume.resume`): one config continues from every rank's checkpoint
-    state, its rows appended to the table in ``out``.
+    (:func:`scaledl_lab.resume.resume`): one config continues from the checkpoint of that step
+    in ``out`` (each rank reads its own file there), its rows appended to the table.
     """
     from .cluster import connect
 
@@ -243,7 +243,7 @@ def compare(
     rows: list[dict[str, Any]] = []
     offset = 0.0  # a resumed run's clock goes on from the rows it keeps
     if resume is not None and out_dir is not None:
-        rows, offset = kept_rows(out_dir, min(int(s["step"]) for s in resume.values()))
+        rows, offset = kept_rows(out_dir, resume)
     append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
     if append and rows:
         append(rows)
@@ -288,7 +288,8 @@ def compare(
                     on_rows(batch)
 
             try:
-                outcome = execute_run(cfg, label, collect, client=client, resume=resume)
+                point = (str(out_dir.resolve()), resume) if resume is not None else None
+                outcome = execute_run(cfg, label, collect, client=client, resume=point)
                 outputs[label] = outcome.results
                 if outcome.events is not None:
                     timelines[label] = outcome.events

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint import load_rank, load_servers
 from .config import ExperimentConfig
 from .cost import build_cost_model
 from .metrics import Row, record
@@ -34,14 +35,15 @@ class BoundProgram:
     program: Program
     config: ExperimentConfig
     run_label: str
-    resume: dict[int, dict[str, Any]] | None = None  # each rank's checkpoint (a resumed run)
+    resume: tuple[str, int] | None = None  # (results folder, step): continue a checkpoint
 
     def prepare(self) -> None:
         load_for(self.config)
 
     async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
         ctx = WorkerContext(self.config, comm, load_for(self.config), device, emit, self.run_label)
-        ctx.resume = self.resume.get(comm.rank) if self.resume else None
+        if self.resume is not None:  # each rank reads its own state where it runs
+            ctx.resume = load_rank(*self.resume, comm.rank)
         await self.program(ctx)
         return ctx.result
 
@@ -50,11 +52,11 @@ def launch_for(
     cfg: ExperimentConfig,
     run_label: str,
     program: Strategy | Program | None = None,
-    resume: dict[int, dict[str, Any]] | None = None,
+    resume: tuple[str, int] | None = None,
 ) -> Launch:
     """The Launch of ``cfg``: its strategy, or ``program`` instead (a Strategy with its servers,
     or a bare per-worker program with none; benchmarks and tests run their own this way);
-    ``resume``: every rank's checkpoint state, the servers' in the first rank's."""
+    ``resume``: (results folder, step) of the checkpoint to continue from."""
     if program is None:
         strategy = get_strategy(cfg.strategy)
     elif isinstance(program, Strategy):
@@ -63,7 +65,7 @@ def launch_for(
         strategy = Strategy(cfg.strategy, program, "a program given by the caller")
     spec = strategy.servers
     count = spec.count(cfg) if spec is not None else 0
-    saved = resume[min(resume)].get("servers", [None] * count) if resume else [None] * count
+    saved = load_servers(*resume) if resume and count else [None] * count
     return Launch(
         program=BoundProgram(strategy.program, cfg, run_label, resume),
         world_size=cfg.workers,
@@ -90,10 +92,10 @@ def execute(
     *,
     client: Any = None,
     program: Strategy | Program | None = None,
-    resume: dict[int, dict[str, Any]] | None = None,
+    resume: tuple[str, int] | None = None,
 ) -> Outcome:
     """Run ``cfg`` on its runtime (``client``: the Dask cluster for real runs; ``resume``:
-    every rank's checkpoint, to continue from)."""
+    the results folder and step of the checkpoint to continue from)."""
     launch = launch_for(cfg, run_label, program, resume)
     if cfg.runtime == "sim":
         from .runtime.sim import run_sim

@@ -31,7 +31,7 @@ def resume(
 ) -> Results:
     """Continue the run saved in ``out_dir`` (to ``epochs`` epochs in all, if given)."""
     out = Path(out_dir)
-    step, states = checkpoint.load(out)  # a clear error when there is none
+    step, ranks = checkpoint.load(out)  # a clear error when there is none
     path = out / "config.json"
     if not path.exists():
         raise ConfigError(f"{out} has a checkpoint but no config.json: cannot tell what ran")
@@ -45,7 +45,7 @@ def resume(
             f"the checkpoint in {out} is at step {step}, the end of a run of {cfg.epochs} "
             "epoch(s): pass more epochs (--epochs E) to go on"
         )
-    missing = sorted(set(range(cfg.workers)) - set(states))
+    missing = sorted(set(range(cfg.workers)) - set(ranks))
     if missing:
         raise ConfigError(
             f"the checkpoint in {out} has no state for rank(s) {missing} (lost workers): a run "
@@ -54,4 +54,4 @@ def resume(
     if log is not None:
         log(f"resuming {cfg.label} from step {step} of {total_steps(cfg)}")
     return compare([cfg], address=address, client=client, out=out, progress=progress,
-                   log=log, resume=states)  # fmt: skip
+                   log=log, resume=step)  # fmt: skip

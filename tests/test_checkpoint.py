@@ -74,3 +74,19 @@ def test_resume_of_a_finished_run_asks_for_more_epochs(tmp_path):
     run(cfg, out=tmp_path, progress=False)
     with pytest.raises(ConfigError, match=r"at step 3, the end of a run of 1 epoch\(s\)"):
         resume(tmp_path, progress=False)
+
+
+def test_a_resumed_dask_run_continues_from_the_checkpoint_step(tmp_path):
+    from scaledl_lab.cluster import connect
+
+    cfg = ExperimentConfig(strategy="allreduce", workers=2, checkpoint_every=5,
+                           **{**BASE, "runtime": "dask", "max_steps": 10})  # fmt: skip
+    with connect(2, dashboard=False, log=None) as client:
+        with pytest.raises(WorkerLostError, match=r"the last checkpoint \(step 5\)"):
+            run(cfg.replace(faults="kill:1:7"), client=client, out=tmp_path, progress=False)
+    with connect(2, dashboard=False, log=None) as client:
+        resumed = resume(tmp_path, client=client, progress=False, log=None)
+        straight = run(cfg.replace(checkpoint_every=None), client=client, progress=False)
+    train = resumed.frame[resumed.frame.kind == "train"]
+    assert train.groupby("rank").step.apply(list).tolist() == [list(range(1, 11))] * 2
+    assert train_rows(resumed.frame).equals(train_rows(straight.frame))  # gloo sums like this
