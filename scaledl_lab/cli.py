@@ -1,4 +1,4 @@
-"""The `scaledl-lab` command: reproduce, run, list, data, bench, analyse."""
+"""The `scaledl-lab` command: reproduce, run, resume, list, data, bench, analyse."""
 
 from __future__ import annotations
 
@@ -148,9 +148,23 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--no-error-feedback", action="store_true", help="drop what compression leaves out"
     )
+    runs = run.add_argument_group("faults and checkpoints")
+    runs.add_argument(
+        "--faults", default=None, help="kill:RANK:STEP (commas): worker RANK dies after STEP"
+    )
+    runs.add_argument(
+        "--checkpoint-every",
+        default=None,
+        help="N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
+    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     _cluster_options(run)
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
+
+    res = sub.add_parser("resume", help="continue a run from the last checkpoint in its folder")
+    res.add_argument("results_dir", help="the run's results folder (--out of `run`)")
+    res.add_argument("--epochs", type=int, default=None, help="epochs in all (default: as saved)")
+    res.add_argument("--address", default=None, help="attach to this Dask scheduler")
 
     sub.add_parser("list", help="strategies, runtimes, datasets, models, cost profiles")
 
@@ -204,8 +218,13 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
         balance=args.balance, recompute=args.recompute, **cli_large_batch.config_options(args),
         compress=args.compress, error_feedback=not args.no_error_feedback,
+        faults=args.faults, checkpoint_every=_steps_or_text(args.checkpoint_every),
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
+
+
+def _steps_or_text(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.strip().lstrip("-").isdigit() else value
 
 
 def _cmd_list() -> None:
@@ -294,6 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = run(cfg, address=args.address, out=out, security=_security(args))
             print(results.summary().to_string(index=False))
             print(f"results written to {out}")
+        elif args.command == "resume":
+            from .resume import resume
+
+            results = resume(args.results_dir, args.epochs, address=args.address)
+            print(results.summary().to_string(index=False))
+            print(f"results written to {args.results_dir}")
         elif args.command == "reproduce":
             from .reproduce import reproduce, smoke_configs
 

@@ -122,6 +122,9 @@ class ExperimentConfig:
     no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
     compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
     error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
+    # Faults and checkpoints (scaledl_lab.faults, scaledl_lab.checkpoint).
+    faults: str | None = None  # "kill:RANK:STEP,...": worker RANK dies after its step STEP
+    checkpoint_every: int | str | None = None  # N steps, or "Nepochs"; beside the metrics
 
     def __post_init__(self) -> None:
         validate(self)
@@ -288,6 +291,11 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
     from .compression import check_config as check_compression
 
     check_compression(cfg)
+    from .checkpoint import check_config as check_checkpoints
+    from .faults import parse_faults
+
+    parse_faults(cfg.faults, cfg.workers)
+    check_checkpoints(cfg.strategy, cfg.compress, cfg.checkpoint_every)
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

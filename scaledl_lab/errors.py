@@ -23,6 +23,24 @@ class ServerLostError(RunError):
     """A parameter server (or another hosted server object) stopped answering."""
 
 
+class PeerLostError(RunError):
+    """A message was awaited from a peer that died before sending it (tolerant strategies
+    catch it and go on without that peer)."""
+
+    def __init__(self, message: str, peer: int) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class WorkerKilled(BaseException):
+    """An injected fault (``faults="kill:RANK:STEP"``) ends this worker's program here. A
+    BaseException, so that no strategy's error handling mistakes it for a failure."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        super().__init__(f"rank {rank} killed after step {step} (an injected fault)")
+        self.rank, self.step = rank, step
+
+
 def choices(values: tuple[str, ...]) -> str:
     """The allowed values of a field, as error messages list them."""
     return ", ".join(repr(v) for v in values)

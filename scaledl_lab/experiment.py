@@ -5,70 +5,44 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from .checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .config import ExperimentConfig, check_resources
+from .environment import environment_info
 from .errors import ConfigError, RunError
+from .faults import check_fault_steps
 from .large_batch_checks import check_data as check_large_batch_data
 from .launch import RowsCallback
 from .launch import execute as execute_run
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .worker import load_for, steps_per_epoch_of, total_steps
 
-__all__ = ["METRIC_COLUMNS", "Results", "compare", "run", "to_frame", "total_steps"]
-
-
-def environment_info() -> dict[str, Any]:
-    """Package versions and machine facts saved beside every result."""
-    versions = {}
-    for pkg in ("scaledl_lab", "torch", "dask", "distributed", "numpy", "pandas", "mnist1d"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=5,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    import torch
-
-    return {
-        "versions": versions,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cuda_devices": torch.cuda.device_count(),
-        "git_commit": commit,
-    }
+__all__ = [
+    "METRIC_COLUMNS",
+    "Results",
+    "compare",
+    "environment_info",
+    "run",
+    "to_frame",
+    "total_steps",
+]
 
 
 class _CsvAppender:
     """Appends rows to metrics.csv as they arrive, so a failed run leaves what it measured."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fresh: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        with path.open("w", newline="") as f:
-            csv.writer(f).writerow(METRIC_COLUMNS)
+        if fresh:  # else: a resumed run appends to the table already there
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerow(METRIC_COLUMNS)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
         with self.path.open("a", newline="") as f:
@@ -128,8 +102,7 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         self.frame.to_csv(out / "metrics.csv", index=False)
         self.frame.to_parquet(out / "metrics.parquet", index=False)
-        meta = {"runs": [c.to_dict() for c in self.configs], "environment": environment_info()}
-        (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        write_config(out, self.configs)
         plots.save_standard_plots(self.frame, out)
         text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
         if len(self.events):
@@ -195,6 +168,13 @@ class Results:
         return cls(frame=frame, configs=configs, outputs=outputs, out_dir=out, events=events)
 
 
+def write_config(out: Path, configs: Sequence[ExperimentConfig]) -> None:
+    """config.json: the exact configs, package versions and machine."""
+    meta = {"runs": [c.to_dict() for c in configs], "environment": environment_info()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+
+
 def _file_name(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
@@ -225,6 +205,7 @@ def check_data(cfg: ExperimentConfig) -> None:
             "batch, fewer workers or more data"
         )
     check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
+    check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
 
 
 def compare(
@@ -237,11 +218,14 @@ def compare(
     on_rows: RowsCallback | None = None,
     log: Callable[[str], None] | None = print,
     security: Any = None,
+    resume: int | None = None,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
     Every config is validated and its data located before any cluster starts. ``security``:
     Dask's ``Security`` for a ``tls://`` ``address`` (see :func:`scaledl_lab.cluster.connect`).
+    ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the checkpoint of
+    that step in ``out`` (each rank reads its own file there), its rows appended to the table.
     """
     from .cluster import connect
 
@@ -254,8 +238,19 @@ def compare(
         check_data(cfg)
     labels = _unique_labels(configs)
     out_dir = Path(out) if out is not None else None
-    append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
+    saving = [c for c in configs if c.checkpoint_every is not None]
+    if saving and (out_dir is None or len(configs) > 1):
+        raise ConfigError("checkpoint_every needs one run and a results folder (out=...)")
+    writer = Writer(out_dir, saving[0].workers) if saving and out_dir else None
     rows: list[dict[str, Any]] = []
+    offset = 0.0  # a resumed run's clock goes on from the rows it keeps
+    if resume is not None and out_dir is not None:
+        rows, offset = kept_rows(out_dir, resume)
+    append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
+    if append and rows:
+        append(rows)
+    if out_dir:  # a run that stops early still leaves its config beside its metrics
+        write_config(out_dir, configs)
     events: list[dict[str, Any]] = []
     outputs: dict[str, list[dict[str, Any]]] = {}
     timelines: dict[str, list[Any]] = {}
@@ -272,6 +267,15 @@ def compare(
                 if any(is_event(r) for r in batch):
                     events.extend(r for r in batch if is_event(r))
                     batch = [r for r in batch if not is_event(r)]
+                if any(is_checkpoint(r) for r in batch):
+                    for r in batch:
+                        if is_checkpoint(r) and writer is not None:
+                            writer(r)
+                    batch = [r for r in batch if not is_checkpoint(r)]
+                for r in batch:
+                    r["time"] += offset
+                    if r["kind"] == "worker-lost" and writer is not None:
+                        writer.lose(int(r["rank"]))
                 rows.extend(batch)
                 if append:
                     append(batch)
@@ -286,13 +290,17 @@ def compare(
                     on_rows(batch)
 
             try:
-                outcome = execute_run(cfg, label, collect, client=client)
+                point = (str(out_dir.resolve()), resume) if resume is not None else None
+                outcome = execute_run(cfg, label, collect, client=client, resume=point)
                 outputs[label] = outcome.results
                 if outcome.events is not None:
                     timelines[label] = outcome.events
             except RunError as exc:
-                where = f"; metrics so far are in {out_dir / 'metrics.csv'}" if out_dir else ""
-                raise type(exc)(f"{exc}{where}") from exc
+                raise type(exc)(f"{exc}{left_on_disk(out_dir)}") from exc
+            except KeyboardInterrupt:
+                if log is not None and out_dir is not None:
+                    log(f"interrupted{left_on_disk(out_dir)}")
+                raise
             finally:
                 if bar is not None:
                     bar.close()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint import load_rank, load_servers
 from .config import ExperimentConfig
 from .cost import build_cost_model
 from .metrics import Row, record
@@ -34,6 +35,7 @@ class BoundProgram:
     program: Program
     config: ExperimentConfig
     run_label: str
+    resume: tuple[str, int] | None = None  # (results folder, step): continue a checkpoint
 
     def prepare(self) -> None:
         load_for(self.config)
@@ -41,15 +43,21 @@ class BoundProgram:
     async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
         data = load_for(self.config).to(device)  # a GPU worker's data goes there once
         ctx = WorkerContext(self.config, comm, data, device, emit, self.run_label)
+        if self.resume is not None:  # each rank reads its own state where it runs
+            ctx.resume = load_rank(*self.resume, comm.rank)
         await self.program(ctx)
         return ctx.result
 
 
 def launch_for(
-    cfg: ExperimentConfig, run_label: str, program: Strategy | Program | None = None
+    cfg: ExperimentConfig,
+    run_label: str,
+    program: Strategy | Program | None = None,
+    resume: tuple[str, int] | None = None,
 ) -> Launch:
     """The Launch of ``cfg``: its strategy, or ``program`` instead (a Strategy with its servers,
-    or a bare per-worker program with none; benchmarks and tests run their own this way)."""
+    or a bare per-worker program with none; benchmarks and tests run their own this way);
+    ``resume``: (results folder, step) of the checkpoint to continue from."""
     if program is None:
         strategy = get_strategy(cfg.strategy)
     elif isinstance(program, Strategy):
@@ -58,15 +66,24 @@ def launch_for(
         strategy = Strategy(cfg.strategy, program, "a program given by the caller")
     spec = strategy.servers
     count = spec.count(cfg) if spec is not None else 0
+    saved = load_servers(*resume) if resume and count else [None] * count
     return Launch(
-        program=BoundProgram(strategy.program, cfg, run_label),
+        program=BoundProgram(strategy.program, cfg, run_label, resume),
         world_size=cfg.workers,
         label=run_label,
-        servers=tuple(functools.partial(spec.create, cfg, i) for i in range(count)),
-        tolerates_worker_loss=strategy.tolerates_worker_loss,
+        servers=tuple(functools.partial(_server, spec, cfg, i, saved[i]) for i in range(count)),
+        tolerates_worker_loss=strategy.survives_worker_loss(cfg),
         device=cfg.device,
         timeout_s=cfg.timeout_s,
     )
+
+
+def _server(spec: Any, cfg: ExperimentConfig, index: int, state: Any) -> Any:
+    """Server ``index`` of ``cfg``, given back its checkpointed ``state`` if there is one."""
+    server = spec.create(cfg, index)
+    if state is not None:
+        server.restore(state)
+    return server
 
 
 def execute(
@@ -76,9 +93,11 @@ def execute(
     *,
     client: Any = None,
     program: Strategy | Program | None = None,
+    resume: tuple[str, int] | None = None,
 ) -> Outcome:
-    """Run ``cfg`` on its runtime (``client``: the Dask cluster for real runs)."""
-    launch = launch_for(cfg, run_label, program)
+    """Run ``cfg`` on its runtime (``client``: the Dask cluster for real runs; ``resume``:
+    the results folder and step of the checkpoint to continue from)."""
+    launch = launch_for(cfg, run_label, program, resume)
     if cfg.runtime == "sim":
         from .runtime.sim import run_sim
 

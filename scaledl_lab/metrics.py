@@ -6,11 +6,12 @@ Every run records one row per worker per step or evaluation. Columns:
 - ``rank``: the worker (hosted servers: ``world_size + index``);
 - ``kind``: ``train`` (one local step), ``val``/``test`` (an evaluation of the row's model on a
   whole split), ``consensus`` (decentralised runs: how far the replicas are from their average),
-  ``server`` (one per hosted server at the end of a run), ``worker-lost`` (a worker died and the
-  run went on without it);
+  ``server`` (one per hosted server at the end of a run), ``worker-lost`` (a worker died: an
+  injected fault records its last step and, in ``samples``, the size of the shard the run
+  loses with it; a Dask worker that vanished is recorded when the driver notices, step -1);
 - ``epoch`` (progress in epochs: local for synchronous and decentralised methods, global for
-  asynchronous ones), ``step`` (local steps taken; -1 on ``server`` and ``worker-lost`` rows,
-  which belong to no step), ``time`` (seconds since the start:
+  asynchronous ones), ``step`` (local steps taken; -1 on ``server`` rows and on
+  ``worker-lost`` rows that belong to no step), ``time`` (seconds since the start:
   wall-clock on Dask, virtual on the simulator);
 - ``loss``, ``accuracy``, ``samples``: of the mini-batch (train) or of the split (val/test);
   where workers share a mini-batch (pipelines) only one of them counts its ``samples``;
@@ -120,6 +121,8 @@ def summarise_workers(val: list[float], test: list[float]) -> dict[str, Any]:
     ranked = [v if not math.isnan(v) else -math.inf for v in val]
     best = max(range(len(val)), key=lambda r: (ranked[r], -r))
     t = torch.tensor(test, dtype=torch.float64)
+    if t.isnan().any() and not t.isnan().all():  # workers that died report NaN
+        t = t[~t.isnan()]
     return {
         "worker_val_accuracy": list(val),
         "worker_test_accuracy": list(test),

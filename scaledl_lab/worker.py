@@ -21,6 +21,7 @@ from torch import nn
 from .config import ExperimentConfig
 from .data import Dataset, DataSplits, epoch_batches, shard_indices
 from .errors import DivergenceError
+from .faults import kill_step
 from .large_batch import StepPlan, prepare_model, set_lr
 from .metrics import Row, record
 from .models import build_model
@@ -78,6 +79,7 @@ class WorkerContext:
     emit: Callable[[dict[str, Any]], None]
     run_label: str
     result: dict[str, Any] = field(default_factory=dict)
+    resume: dict[str, Any] | None = None  # this rank's checkpoint, when a run is resumed
 
     @property
     def rank(self) -> int:
@@ -103,6 +105,7 @@ class WorkerContext:
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.total_steps = self.plan.total_steps
         self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
+        self.kill_step = kill_step(cfg.faults, cfg.workers, self.rank)  # an injected fault
 
     # -- model and data -------------------------------------------------------------------
 
@@ -141,15 +144,17 @@ class WorkerContext:
         for idx in epoch_batches(self.shard, size, seed=cfg.seed, epoch=epoch, rank=self.data_rank):
             yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
 
-    def local_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This worker's first ``total_steps`` mini-batches, epoch after epoch."""
+    def local_batches(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's first ``total_steps`` mini-batches, epoch after epoch (after the
+        first ``start``: a resumed run)."""
         taken = 0
         for epoch in range(self.config.epochs):
             for x, y in self.batches(epoch):
                 if taken >= self.total_steps:
                     return
                 taken += 1
-                yield x, y
+                if taken > start:
+                    yield x, y
 
     def batches_forever(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This worker's batches, epoch after epoch (asynchronous workers draw until the end)."""
@@ -212,6 +217,11 @@ class WorkerContext:
                 bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
             )
         )
+        if step == self.kill_step:  # record the shard the run loses with this worker, then die
+            lost = Row(kind="worker-lost", epoch=self.progress(step), step=step,
+                       time=self.comm.now(), samples=len(self.shard))  # fmt: skip
+            self.log(lost)
+            self.comm.die(step)
 
     def log_event(
         self, *, step: int, micro_batch: int, phase: str, start: float, end: float
@@ -316,18 +326,19 @@ class WorkerContext:
         """Evaluate a model that is identical on every worker, splitting val and test by rank.
 
         Each rank scores every world_size-th sample; an allreduce sums the counts, and rank 0
-        records the rows. Used by strategies with one global model (synchronous SGD).
+        records the rows (after a worker died: the survivors split it, the first reports).
         """
+        alive = self.comm.survivors()
         for kind, split in (("val", self.data.val), ("test", self.data.test)):
             if len(split) == 0:
                 continue
-            idx = torch.arange(self.rank, len(split), self.world_size)
+            idx = torch.arange(alive.index(self.rank), len(split), len(alive))
             async with self.comm.compute(len(idx) // 3):  # a forward pass is ~1/3 of a step
                 totals = self._local_eval(model, split, idx)
             sent_before = self.comm.bytes_sent
             await self.comm.allreduce(totals)
             loss_sum, correct, count = totals.tolist()
-            if self.comm.is_root:
+            if self.rank == alive[0]:
                 sent = self.comm.bytes_sent - sent_before
                 self.log_eval(kind, epoch, step, loss_sum, correct, count, sent)
 

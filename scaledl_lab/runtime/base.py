@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from ..cost import ring_allreduce_bytes
-from ..errors import RunError
+from ..errors import RunError, WorkerKilled
 
 
 class _NotReady:
@@ -159,6 +159,16 @@ class Comm(abc.ABC):
     def lost_peers(self) -> set[int]:
         """Ranks known to have died (tolerant strategies keep going without them)."""
         return set()
+
+    def survivors(self) -> list[int]:
+        """The ranks not known to have died, in order: collectives over every worker (group
+        None) run among them, and the first of them reports what rank 0 would."""
+        lost = self.lost_peers()
+        return [r for r in range(self.world_size) if r not in lost]
+
+    def die(self, step: int) -> None:
+        """End this worker now, as a crash would (an injected fault after ``step``)."""
+        raise WorkerKilled(self.rank, step)
 
     @abc.abstractmethod
     async def barrier(self) -> None: ...

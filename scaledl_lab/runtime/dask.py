@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
-from distributed import Client, Queue
+from distributed import Client, Queue, Variable
 
 from ..errors import ConfigError, RunError, WorkerLostError
 from .base import Launch, Outcome
-from .dask_worker import ServerHost, free_port, run_rank
+from .dask_worker import ServerHost, free_port, run_rank, take_rows
 from .devices import plan_devices, probe
 
 POLL_S = 0.25
@@ -70,6 +70,8 @@ def run_dask(
     port = client.submit(free_port, workers=[addresses[0]], pure=False).result()
     queue_name = f"scaledl-{uuid.uuid4().hex}"
     queue = Queue(queue_name, client=client)
+    lost_ranks = Variable(f"{queue_name}-lost", client=client)  # read by tolerant runs' ranks
+    lost_ranks.set([])
     server_hosts = _place_servers(everyone, addresses, len(launch.servers))
     server_futures = [
         client.submit(ServerHost, make, actor=True, workers=[addr], allow_other_workers=False)
@@ -121,11 +123,13 @@ def run_dask(
                     if addr in alive or rank in lost:
                         continue
                     if not launch.tolerates_worker_loss:
+                        _collect_unsent(client, queue_name, drain, on_rows)
                         raise WorkerLostError(
                             f"worker {addr} (rank {rank}) died during run {label!r}; a "
                             "synchronous run cannot continue without it, so the run was stopped"
                         )
                     lost[rank] = addr
+                    lost_ranks.set(sorted(lost))
                     on_lost(rank, time.perf_counter() - t0)
                 if len(lost) == len(addresses):
                     raise WorkerLostError(f"every worker of run {label!r} died")
@@ -133,6 +137,7 @@ def run_dask(
         drain()
         errors = [(r, f) for r, f in enumerate(futures) if f.status == "error" and r not in lost]
         if errors:
+            _collect_unsent(client, queue_name, drain, on_rows)
             # A dead server makes its callers fail first: name the cause, not the symptom.
             if server_hosts:
                 _check_servers(
@@ -155,9 +160,27 @@ def run_dask(
             f.release()
         try:
             drain()
+            lost_ranks.delete()
         except Exception:  # the scheduler may be gone when the cluster is closing
             pass
         queue.close()
+
+
+def _collect_unsent(
+    client: Client,
+    queue_name: str,
+    drain: Callable[[], None],
+    on_rows: Callable[[list[dict[str, Any]]], None],
+) -> None:
+    """Before a run is stopped: every row already logged reaches the driver, those in flight
+    and those the living ranks still hold (they may be blocked on the dead one)."""
+    try:
+        drain()
+        for rows in client.run(take_rows, queue_name, on_error="ignore").values():
+            if isinstance(rows, list) and rows:
+                on_rows(rows)
+    except Exception:  # best effort: the cluster may be failing too
+        pass
 
 
 def _check_servers(hosts: list[str], alive: set[str], label: str) -> None:

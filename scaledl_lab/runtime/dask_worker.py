@@ -98,6 +98,19 @@ def _profiler_paused() -> Iterator[None]:
             worker.loop.add_callback(pc.start)
 
 
+_SINKS: dict[str, list[_QueueSink]] = {}  # this process's ranks' sinks, by queue
+
+
+def take_rows(queue_name: str) -> list[dict[str, Any]]:
+    """The rows this worker's ranks logged and have not shipped yet (run by the driver through
+    ``client.run`` when it stops a run early, while the ranks may be blocked)."""
+    rows: list[dict[str, Any]] = []
+    for sink in _SINKS.get(queue_name, []):
+        taken, sink.rows = sink.rows, []
+        rows += taken
+    return rows
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -142,6 +155,7 @@ def run_rank(
             dist.barrier()
             t0 = _shared_origin(where)
             sink = _QueueSink(queue_name)
+            _SINKS.setdefault(queue_name, []).append(sink)
             comm = TorchComm(
                 rank,
                 launch.world_size,
@@ -151,10 +165,13 @@ def run_rank(
                 server_addresses=server_addresses,
                 timeout_s=launch.timeout_s,
                 device=where,
+                before_exit=sink.flush,
+                lost_ranks=f"{queue_name}-lost" if launch.tolerates_worker_loss else None,
             )
             try:
                 return asyncio.run(launch.program(comm, where, sink.emit))
             finally:
                 sink.flush()
+                _SINKS.pop(queue_name, None)
     finally:
         dist.destroy_process_group()

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from ..cost import CostModel
-from ..errors import RunError
-from .base import NOT_READY, Comm, Launch, Outcome, clone_tensors, tensor_bytes
+from ..errors import RunError, WorkerKilled, WorkerLostError
+from .base import Comm, Launch, Outcome
 from .memory import keep_freed_memory
 from .sim_comm import (
+    LOST,
     Collective,
     Request,
     SimCall,
@@ -32,6 +33,7 @@ from .sim_comm import (
     WaitCall,
     WaitRecv,
 )
+from .sim_servers import SimServers, _ServerState
 
 
 @dataclass
@@ -45,20 +47,7 @@ class Event:
 
 
 @dataclass
-class _ServerState:
-    """A hosted server object, its links and the calls it has parked (NOT_READY)."""
-
-    obj: Any
-    ingress_free: float = 0.0
-    egress_free: float = 0.0
-    parked: list[SimCall] = field(default_factory=list)
-    calls: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-
-
-@dataclass
-class SimWorld:
+class SimWorld(SimServers):
     """The discrete-event scheduler that hosts ``world_size`` virtual workers (and servers).
 
     Everything that happens is an entry of one heap ordered by virtual time: a worker resuming,
@@ -70,6 +59,7 @@ class SimWorld:
     cost: CostModel
     server_objects: list[Any] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    tolerates_worker_loss: bool = False
 
     def __post_init__(self) -> None:
         self.comms = [SimComm(r, self) for r in range(self.world_size)]
@@ -85,6 +75,7 @@ class SimWorld:
         self._posted: dict[tuple[int, int], deque[SimIncoming]] = defaultdict(deque)
         self._waiting_recv: dict[int, SimIncoming] = {}
         self._waiting_call: dict[int, SimCall] = {}
+        self.dead: dict[int, float] = {}  # rank -> virtual time it died (injected faults)
 
     # -- scheduling ------------------------------------------------------------------------
 
@@ -119,6 +110,10 @@ class SimWorld:
                 except StopIteration:
                     done[rank] = True
                     continue
+                except WorkerKilled as killed:
+                    done[rank] = True
+                    self._kill(rank, killed.step)
+                    continue
                 self._handle(request)
         finally:
             for coro in coros:
@@ -140,7 +135,9 @@ class SimWorld:
         elif isinstance(req, Collective):
             self._arrive(req)
         elif isinstance(req, WaitRecv):
-            if req.incoming.message is None:
+            if req.incoming.lost:
+                self._resume(req.rank, self.comms[req.rank].clock, LOST)
+            elif req.incoming.message is None:
                 self._waiting_recv[req.rank] = req.incoming
             else:
                 self._wake_recv(req.incoming)
@@ -158,6 +155,8 @@ class SimWorld:
         """A message from ``src`` reaches ``dst`` at ``arrival``: match the oldest posted recv."""
         if not 0 <= dst < self.world_size or dst == src:
             raise RunError(f"rank {src} sent to rank {dst}, which is not a peer")
+        if dst in self.dead:
+            return  # nobody receives it
         posted = self._posted[(src, dst)]
         if not posted:
             self._mail[(src, dst)].append((arrival, tensor.detach().clone()))
@@ -172,6 +171,8 @@ class SimWorld:
         box = self._mail[(incoming.src, rank)]
         if box and not self._posted[(incoming.src, rank)]:
             incoming.message = box.popleft()
+        elif incoming.src in self.dead:
+            incoming.lost = True  # everything it sent has been delivered
         else:
             self._posted[(incoming.src, rank)].append(incoming)
 
@@ -181,75 +182,54 @@ class SimWorld:
         self._advance(rank, incoming.message[0], "idle")
         self._resume(rank, self.comms[rank].clock)
 
-    # -- hosted servers --------------------------------------------------------------------
+    # -- faults ----------------------------------------------------------------------------
 
-    def _call(self, call: SimCall, departure: float, nbytes: int) -> None:
-        """The request leaves at ``departure``; it is served once its last byte has arrived."""
-        server = self.servers[call.server]
-        bandwidth, latency = self.cost.network.bandwidth_Bps, self.cost.network.latency_s
-        start = max(departure + latency, server.ingress_free)
-        server.ingress_free = start + nbytes / bandwidth
-        server.bytes_in += nbytes
-        self._push(server.ingress_free, -1, "deliver", call)
+    def _kill(self, rank: int, step: int) -> None:
+        """``rank`` died (an injected fault): what it never sent is lost, its neighbours'
+        receives from it fail, and collectives go on among the survivors."""
+        at = self.comms[rank].clock
+        if not self.tolerates_worker_loss:
+            raise WorkerLostError(
+                f"rank {rank} died after step {step} (virtual time {at:.3f} s; an injected "
+                "fault); a synchronous run cannot continue without it, so the run was stopped"
+            )
+        self.dead[rank] = at
+        for (src, _dst), posted in self._posted.items():
+            while src == rank and posted:
+                incoming = posted.popleft()
+                incoming.lost = True
+                waiter = incoming.comm.rank
+                if self._waiting_recv.get(waiter) is incoming:
+                    del self._waiting_recv[waiter]
+                    self._advance(waiter, at, "idle")
+                    self._resume(waiter, self.comms[waiter].clock, LOST)
+        for group, arrived in list(self._collective.items()):
+            if set(arrived) >= set(self._members(group)):
+                self._complete(group)
 
-    def _serve(self, call: SimCall, now: float) -> None:
-        server = self.servers[call.server]
-        if not self._apply(server, call, now):
-            server.parked.append(call)
-            return
-        progressed = True
-        while progressed and server.parked:  # a state change may unblock parked calls
-            progressed = False
-            for parked in list(server.parked):
-                if self._apply(server, parked, now):
-                    server.parked.remove(parked)
-                    progressed = True
-
-    def _apply(self, server: _ServerState, call: SimCall, now: float) -> bool:
-        value = getattr(server.obj, call.method)(*call.args)
-        if value is NOT_READY:
-            return False
-        server.calls += 1
-        call.value = clone_tensors(value)
-        call.reply_bytes = tensor_bytes(value)
-        server.bytes_out += call.reply_bytes
-        start = max(now, server.egress_free)
-        server.egress_free = start + call.reply_bytes / self.cost.network.bandwidth_Bps
-        call.reply_at = server.egress_free + self.cost.network.latency_s
-        rank = call.comm.rank
-        if self._waiting_call.get(rank) is call:
-            del self._waiting_call[rank]
-            self._wake_call(call)
-        return True
-
-    def _wake_call(self, call: SimCall) -> None:
-        assert call.reply_at is not None
-        rank = call.comm.rank
-        transfer = call.reply_bytes / self.cost.network.bandwidth_Bps
-        self._advance(rank, call.reply_at - transfer - self.cost.network.latency_s, "idle")
-        self._advance(rank, call.reply_at, "comm")
-        self._resume(rank, self.comms[rank].clock, call.value)
-
-    def server_stats(self) -> list[dict[str, Any]]:
-        return [
-            {"server": i, "calls": s.calls, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out}
-            for i, s in enumerate(self.servers)
-        ]
+    def _members(self, group: tuple[int, ...] | None) -> tuple[int, ...]:
+        members = group if group is not None else tuple(range(self.world_size))
+        return tuple(r for r in members if r not in self.dead)
 
     # -- collectives -----------------------------------------------------------------------
 
     def _arrive(self, req: Collective) -> None:
         if req.rank in self._in_collective:
             raise RunError(f"rank {req.rank} entered a second collective before the first ended")
-        members = req.group if req.group is not None else tuple(range(self.world_size))
+        members = self._members(req.group)
         if req.rank not in members:
             raise RunError(f"rank {req.rank} called a collective of group {list(members)}")
         arrived = self._collective.setdefault(req.group, {})
         arrived[req.rank] = req
         self._in_collective.add(req.rank)
-        if len(arrived) < len(members):
-            return
-        del self._collective[req.group]
+        if len(arrived) == len(members):
+            self._complete(req.group)
+
+    def _complete(self, group: tuple[int, ...] | None) -> None:
+        """Every (surviving) member of ``group`` has arrived: carry the collective out."""
+        members = self._members(group)
+        arrived = self._collective.pop(group)
+        req = arrived[members[0]]
         self._in_collective -= set(members)
         calls = [arrived[r] for r in members]
         kinds = {(c.kind, None if c.tensor is None else c.tensor.numel()) for c in calls}
@@ -274,7 +254,7 @@ class SimWorld:
             gathered = [c.tensor.detach().clone() for c in calls]  # in rank order
             duration = self.cost.allgather_time(nbytes, len(members))
         elif req.kind == "broadcast":
-            source = calls[req.src].tensor
+            source = arrived[req.src].tensor
             for c in calls:
                 if c.rank != req.src:
                     c.tensor.copy_(source)
@@ -314,7 +294,8 @@ def run_sim(
         results[comm.rank] = await launch.program(comm, torch.device("cpu"), emit)
 
     try:
-        world = SimWorld(launch.world_size, cost, [make() for make in launch.servers])
+        servers = [make() for make in launch.servers]
+        world = SimWorld(launch.world_size, cost, servers, [], launch.tolerates_worker_loss)
         world.run([rank_program] * launch.world_size)
     finally:
         torch.set_num_threads(threads)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..cost import allgather_bytes
+from ..errors import PeerLostError
 from .base import Comm, Incoming, Pending, clone_tensors, tensor_bytes
 
 
@@ -76,13 +77,19 @@ class _SimSent(Pending):
         await _Await(Until(self.comm.rank, self.until))
 
 
+# What a receive from a peer that died without sending resumes with (then raises PeerLostError).
+LOST: Any = object()
+
+
 class SimIncoming(Incoming):
-    """A posted receive; the world assigns it a message (FIFO per sender) when one is sent."""
+    """A posted receive; the world assigns it a message (FIFO per sender) when one is sent,
+    or marks it ``lost`` when the sender died without sending it."""
 
     def __init__(self, comm: SimComm, tensor: torch.Tensor, src: int) -> None:
         self.comm, self.tensor, self.src = comm, tensor, src
         self.message: tuple[float, torch.Tensor] | None = None
         self.copied = False
+        self.lost = False
 
     def _take(self) -> torch.Tensor:
         if not self.copied:
@@ -98,7 +105,8 @@ class SimIncoming(Incoming):
         return True
 
     async def wait(self) -> torch.Tensor:
-        await _Await(WaitRecv(self.comm.rank, self))
+        if await _Await(WaitRecv(self.comm.rank, self)) is LOST:
+            raise PeerLostError(f"rank {self.src} died before sending", self.src)
         return self._take()
 
 
@@ -133,6 +141,9 @@ class SimComm(Comm):
 
     def now(self) -> float:
         return self.clock
+
+    def lost_peers(self) -> set[int]:
+        return set(self.world.dead)
 
     @contextlib.asynccontextmanager
     async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:

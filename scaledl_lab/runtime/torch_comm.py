@@ -10,10 +10,11 @@ never needs to know where it runs.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ..cost import allgather_bytes, ring_allreduce_bytes
-from ..errors import RunError, ServerLostError
+from ..errors import PeerLostError, RunError, ServerLostError
 from .base import Comm, Group, Incoming, Pending, tensor_bytes
+from .survivors import LostRanks, star_allreduce, star_broadcast
 
 
 class _Done(Pending):
@@ -48,12 +50,39 @@ class _Work(Pending):
         return self.tensor
 
 
+class _Failed:
+    """The work of a receive that could not even be posted: waiting raises its error."""
+
+    def __init__(self, exc: RuntimeError) -> None:
+        self.exc = exc
+
+    def wait(self) -> None:
+        raise self.exc
+
+
+class _Sent(Pending):
+    """A posted send; in a run that tolerates worker loss, one to a dead peer is dropped."""
+
+    def __init__(self, comm: TorchComm, work: Any, peer: int, staged: torch.Tensor) -> None:
+        self.comm, self.work, self.peer = comm, work, peer
+        self.staged = staged  # kept alive until the send completes
+
+    async def wait(self) -> None:
+        try:
+            self.work.wait()
+        except RuntimeError as exc:
+            self.comm.peer_lost(self.peer, exc)
+
+
 class _Posted(Incoming):
     """A posted gloo receive. Gloo's recv work reports ``is_completed()`` only after ``wait()``
     (and has no future), so the first ``ready()`` starts a helper thread that waits for it."""
 
-    def __init__(self, work: Any, tensor: torch.Tensor, staged: torch.Tensor | None = None) -> None:
-        self.work, self.tensor = work, tensor
+    def __init__(
+        self, work: Any, tensor: torch.Tensor, comm: TorchComm, peer: int,
+        staged: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        self.work, self.tensor, self.comm, self.peer = work, tensor, comm, peer
         self.staged = tensor if staged is None else staged
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,15 +102,19 @@ class _Posted(Incoming):
         if self._thread is None:
             self._thread = threading.Thread(target=self._wait_in_thread, daemon=True)
             self._thread.start()
-        return self._done.is_set()
+        return self._done.is_set() and self._error is None  # a failed one: see wait()
 
     async def wait(self) -> torch.Tensor:
-        if self._thread is None:
-            self.work.wait()
-        else:
-            self._thread.join()
-            if self._error is not None:
-                raise self._error
+        try:
+            if self._thread is None:
+                self.work.wait()
+            else:
+                self._thread.join()
+                if self._error is not None:
+                    raise self._error
+        except RuntimeError as exc:
+            self.comm.peer_lost(self.peer, exc)
+            raise PeerLostError(f"rank {self.peer} died before sending", self.peer) from None
         if self.staged is not self.tensor:
             self.tensor.copy_(self.staged)
         return self.tensor
@@ -129,10 +162,16 @@ class TorchComm(Comm):
         server_addresses: list[str] | None = None,
         timeout_s: float = 60.0,
         device: torch.device | None = None,
+        before_exit: Callable[[], None] = lambda: None,
+        lost_ranks: str | None = None,
     ) -> None:
         super().__init__(rank, world_size)
         # NCCL moves device tensors only; None: every tensor goes as it is (gloo, CPU).
         self.device = device if device is not None and device.type == "cuda" else None
+        self.before_exit = before_exit  # ships the rows logged so far
+        # Runs that go on when a worker dies: the driver's list of lost ranks, and ours.
+        self.lost_view = LostRanks(lost_ranks) if lost_ranks else None
+        self.lost: set[int] = set()
         self.t0 = t0
         self.run_id = run_id
         self.servers = servers or []
@@ -154,6 +193,36 @@ class TorchComm(Comm):
         """A server's reply on this rank's device (servers hold CPU tensors)."""
         return value if self.device is None else _moved(value, self.device)
 
+    def lost_peers(self) -> set[int]:
+        return set(self.lost)
+
+    def peer_lost(self, peer: int, exc: RuntimeError) -> None:
+        """A message to or from ``peer`` failed: in a tolerant run it died (go on without it);
+        otherwise the run fails with gloo's error."""
+        if self.lost_view is None:
+            raise exc
+        self.lost.add(peer)
+
+    def _world(self, gloo: Callable[[], Any], star: Callable[[list[int]], Any]) -> Any:
+        """A collective over every worker: gloo's while all live; among the survivors (the
+        driver's view) once one has died, or once gloo's fails because one has."""
+        if self.lost_view is not None:
+            self.lost |= self.lost_view.read()
+        if not self.lost:
+            try:
+                return gloo()
+            except RuntimeError:
+                if self.lost_view is None:
+                    raise
+                self.lost |= self.lost_view.wait_for_any(self.timeout_s)
+        return star(self.survivors())
+
+    def die(self, step: int) -> None:
+        """An injected fault: the rows so far go to the driver, then the worker process exits
+        at once, as a crash would (its Dask worker is lost; a nanny may start a new one)."""
+        self.before_exit()
+        os._exit(1)
+
     def new_group(self, ranks: Sequence[int]) -> Group:
         group = super().new_group(ranks)
         if group not in self.groups:  # a collective call: every rank creates every group
@@ -164,6 +233,12 @@ class TorchComm(Comm):
         size = self.group_size(group)
         self.bytes_sent += ring_allreduce_bytes(tensor.numel() * tensor.element_size(), size)
         if size == 1:
+            return _Done(tensor)
+        if group is None and self.lost_view is not None:  # this run goes on without the dead
+            self._world(
+                lambda: dist.all_reduce(tensor),
+                lambda alive: star_allreduce(tensor, self.rank, alive),
+            )
             return _Done(tensor)
         pg = None if group is None else self.groups[group]
         staged = self._staged(tensor)
@@ -184,7 +259,12 @@ class TorchComm(Comm):
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:
             self.bytes_sent += tensor.numel() * tensor.element_size() * (self.world_size - 1)
-        if self.world_size > 1:
+        if self.world_size > 1 and self.lost_view is not None:
+            self._world(
+                lambda: dist.broadcast(tensor, src),
+                lambda alive: star_broadcast(tensor, src, self.rank, alive),
+            )
+        elif self.world_size > 1:
             staged = self._staged(tensor)
             dist.broadcast(staged, src)
             if staged is not tensor:
@@ -193,23 +273,30 @@ class TorchComm(Comm):
 
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        staged = self._staged(tensor)  # kept alive by the _Work until the send completes
-        return _Work(dist.isend(staged, dst), tensor, staged)
+        staged = self._staged(tensor)  # kept alive by the _Sent until the send completes
+        try:
+            return _Sent(self, dist.isend(staged, dst), dst, staged)
+        except RuntimeError as exc:  # the peer's connection is already closed
+            self.peer_lost(dst, exc)
+            return _Done(tensor)
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
         staged = self._staged(tensor)
-        return _Posted(dist.irecv(staged, src), tensor, staged)
+        try:
+            return _Posted(dist.irecv(staged, src), tensor, self, src, staged)
+        except RuntimeError as exc:  # the peer's connection is already closed
+            self.peer_lost(src, exc)
+            return _Posted(_Failed(exc), tensor, self, src)
 
     async def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        dist.send(self._staged(tensor), dst)
+        try:
+            dist.send(self._staged(tensor), dst)
+        except RuntimeError as exc:
+            self.peer_lost(dst, exc)
 
     async def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        staged = self._staged(tensor)
-        dist.recv(staged, src)
-        if staged is not tensor:
-            tensor.copy_(staged)
-        return tensor
+        return await self.irecv(tensor, src).wait()
 
     @property
     def num_servers(self) -> int:
@@ -252,5 +339,8 @@ class TorchComm(Comm):
         return shared.view_as(init)
 
     async def barrier(self) -> None:
-        if self.world_size > 1:
+        if self.world_size > 1 and self.lost_view is not None:
+            one = torch.zeros(1)
+            self._world(dist.barrier, lambda alive: star_allreduce(one, self.rank, alive))
+        elif self.world_size > 1:
             dist.barrier()

@@ -49,18 +49,19 @@ async def local_gradient(
 async def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:
     """(1/N) Σ_i ||x_i − x̄||²: how far the workers' weights are from their average (collective)."""
     mean = flat.detach().to(torch.float64).clone()
-    await comm.allreduce(mean)
-    mean /= comm.world_size
+    await comm.allreduce(mean)  # over the survivors when a worker has died
+    size = len(comm.survivors())
+    mean /= size
     distance = ((flat.detach().to(torch.float64) - mean) ** 2).sum().reshape(1)
     await comm.allreduce(distance)
-    return distance.item() / comm.world_size
+    return distance.item() / size
 
 
 async def log_consensus(ctx: WorkerContext, model: nn.Module, step: int) -> float:
     """Collective: the consensus distance, recorded by rank 0 as a ``kind="consensus"`` row."""
     sent_before = ctx.comm.bytes_sent
     distance = await consensus_distance(ctx.comm, state_vector(model))
-    if ctx.comm.is_root:
+    if ctx.rank == ctx.comm.survivors()[0]:  # rank 0 unless it died
         ctx.log(
             Row(
                 kind="consensus",
@@ -100,10 +101,13 @@ async def finish_step(
 
 
 async def gather_scores(comm: Comm, value: float) -> list[float]:
-    """Every worker's ``value`` (collective: a one-hot vector summed by an allreduce)."""
+    """Every worker's ``value`` (collective: a one-hot vector summed by an allreduce); NaN for
+    workers that died."""
     vec = torch.zeros(comm.world_size, dtype=torch.float64)
     vec[comm.rank] = value
     await comm.allreduce(vec)
+    for rank in comm.lost_peers():
+        vec[rank] = math.nan
     return vec.tolist()
 
 

@@ -85,6 +85,7 @@ class CentreSpec(ServerSpec):
     "elastic averaging SGD: replicas pulled towards a centre variable every sync_period "
     "steps (synchronous allreduce, or an asynchronous centre server)",
     servers=CentreSpec(),
+    tolerates_worker_loss=lambda cfg: cfg.elastic_async,  # the synchronous one allreduces
 )
 async def train(ctx: WorkerContext) -> None:
     """The program one EASGD worker runs (synchronous or asynchronous per the config)."""
@@ -134,6 +135,6 @@ async def _evaluate_centre(
     if not is_async:
         load_state_vector(centre_model, centre)
         await ctx.evaluate_shared(centre_model, epoch=ctx.progress(step), step=step)
-    elif ctx.comm.is_root:
+    elif ctx.rank == ctx.comm.survivors()[0]:  # rank 0 unless it died
         load_state_vector(centre_model, await ctx.comm.call(0, "weights"))
         await ctx.evaluate_local(centre_model, epoch=ctx.progress(step), step=step)

@@ -28,8 +28,10 @@ import torch
 from torch import nn
 
 from .. import topology
+from ..errors import PeerLostError
 from ..params import load_state_vector, state_vector
 from ..runtime.base import Comm, Incoming, Pending
+from ..snapshots import save_if_due, start_or_resume
 from ..worker import WorkerContext, lr_of
 from .compressed import spec_of
 from .compressed_gossip import CompressedGossip
@@ -40,11 +42,17 @@ from .registry import register
 
 
 class GossipRound:
-    """One round of x_i ← Σ_j W_ij x_j, started now (sends posted) and finished later."""
+    """One round of x_i ← Σ_j W_ij x_j, started now (sends posted) and finished later.
+
+    Neighbours known to have died are left out, and so is one found dead while waiting for its
+    weights; the row of W is then renormalised over the survivors (it sums to 1 again)."""
 
     def __init__(self, comm: Comm, flat: torch.Tensor, spec: str) -> None:
         self.comm = comm
-        self.neighbours = topology.neighbours(spec, comm.world_size, comm.rank)
+        everyone = topology.neighbours(spec, comm.world_size, comm.rank)
+        lost = comm.lost_peers()
+        self.neighbours = [j for j in everyone if j not in lost]
+        self.dropped = len(self.neighbours) < len(everyone)
         row = topology.mixing_matrix(spec, comm.world_size)[comm.rank]
         self.weights = [float(row[comm.rank])] + [float(row[j]) for j in self.neighbours]
         self.sent = flat.detach().clone()  # private: the sends read it until waited
@@ -58,11 +66,16 @@ class GossipRound:
     async def finish(self) -> torch.Tensor:
         """The mixed vector: own weight first, then the neighbours in topology order."""
         out = self.sent * self.weights[0]
+        total = self.weights[0]
         for w, incoming in zip(self.weights[1:], self.incoming, strict=True):
-            out.add_(await incoming.wait(), alpha=w)
+            try:
+                out.add_(await incoming.wait(), alpha=w)
+                total += w
+            except PeerLostError:
+                self.dropped = True
         for pending in self.sends:
             await pending.wait()
-        return out
+        return out / total if self.dropped else out
 
 
 async def gossip_average(comm: Comm, flat: torch.Tensor, spec: str) -> torch.Tensor:
@@ -111,17 +124,18 @@ def simulate_gossip(
 @register(
     "dpsgd",
     "decentralised SGD: gossip-average weights with the topology's mixing matrix each step",
+    # Compressed rounds keep public copies of every neighbour: no renormalising those yet.
+    tolerates_worker_loss=lambda cfg: cfg.compress == "none",
 )
 async def train_dpsgd(ctx: WorkerContext) -> None:
     """D-PSGD (Lian et al. 2017, Algorithm 1), one worker."""
     cfg, comm = ctx.config, ctx.comm
     spec = cfg.resolved_topology
-    model, optimizer = await ctx.start()
+    model, optimizer, step = await start_or_resume(ctx)  # step > 0: a resumed run
     compression = spec_of(cfg)  # compressed: the changes of x_i travel (compressed_gossip)
     compressed = CompressedGossip(ctx, model, compression) if compression else None
-    scores: dict[str, float] = {}
-    step = 0
-    for x, y in ctx.local_batches():
+    scores: dict[str, float] = ctx.resume["extra"]["scores"] if ctx.resume else {}
+    for x, y in ctx.local_batches(step):
         sent_before = comm.bytes_sent
         # Send x_i to the neighbours, and compute ∇F_i(x_i) while the weights travel.
         flat = state_vector(model)
@@ -131,6 +145,7 @@ async def train_dpsgd(ctx: WorkerContext) -> None:
         optimizer.step()  # x_i ← Σ_j W_ij x_j − lr·∇F_i(x_i, old)
         step += 1
         scores = await finish_step(ctx, model, step, stats, scores, sent_before, lr_of(optimizer))
+        await save_if_due(ctx, step, model, optimizer, extra={"scores": scores})
     await finish(ctx, model, scores)
 
 
@@ -160,6 +175,7 @@ class _Passive:
         size = state_vector(model).numel()
         dtype = next(model.parameters()).dtype
         self.buffers = {a: torch.empty(size, dtype=dtype) for a in self.todo}
+        self.gone: set[int] = set()  # active neighbours that died: no more requests from them
         self.posted: dict[int, Incoming] = {a: comm.irecv(self.buffers[a], a) for a in self.todo}
         self.replies: list[Pending] = []
 
@@ -182,16 +198,25 @@ class _Passive:
         for k, a in self.expected:
             if k >= boundary:
                 break
-            if (k, a) not in self.served:
+            if (k, a) not in self.served and a not in self.gone:
                 # a's requests arrive in order and (k, a) is a's earliest unserved one.
-                await self.posted[a].wait()
+                try:
+                    await self.posted[a].wait()
+                except PeerLostError:
+                    self.gone.add(a)
+                    self.todo[a] = []
+                    continue
                 self._serve(a)
         for pending in self.replies:  # each active posted its receive before asking
             await pending.wait()
         self.replies.clear()
 
 
-@register("adpsgd", "asynchronous pairwise gossip (bipartite active/passive AD-PSGD)")
+@register(
+    "adpsgd",
+    "asynchronous pairwise gossip (bipartite active/passive AD-PSGD)",
+    tolerates_worker_loss=True,
+)
 async def train_adpsgd(ctx: WorkerContext) -> None:
     """AD-PSGD (Lian et al. 2018), bipartite active/passive variant, one worker."""
     cfg, comm = ctx.config, ctx.comm
@@ -212,11 +237,16 @@ async def train_adpsgd(ctx: WorkerContext) -> None:
             partner = schedule[step]
             mine = state_vector(model)
             reply = torch.empty_like(mine)
-            incoming = comm.irecv(reply, partner)  # posted before asking
-            request = comm.isend(mine, partner)
+            alive = partner not in comm.lost_peers()
+            incoming = comm.irecv(reply, partner) if alive else None  # posted before asking
+            request = comm.isend(mine, partner) if alive else None
             stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=False)
-            load_state_vector(model, (mine + await incoming.wait()) / 2)
-            await request.wait()
+            if incoming is not None and request is not None:
+                try:  # a partner that died keeps no pair: this worker goes on alone
+                    load_state_vector(model, (mine + await incoming.wait()) / 2)
+                except PeerLostError:
+                    pass
+                await request.wait()
         else:
             stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=False)
             if passive is not None:

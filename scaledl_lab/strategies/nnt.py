@@ -31,7 +31,8 @@ and every worker records ``val`` and ``test`` rows for its own model. The final 
 best worker on validation; ``ctx.result`` holds each rank's val/test accuracy, ``best_rank``,
 ``best_test_accuracy``, the mean and spread (see :func:`scaledl_lab.metrics.summarise_workers`).
 
-``tolerates_worker_loss`` is False: a dead gloo peer breaks its neighbours' sends.
+When a worker dies its neighbours drop it: they apply what it sent before it died, then
+neither send to it nor wait for it; epoch-boundary collectives run among the survivors.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 
 from .. import topology
+from ..errors import PeerLostError
 from ..params import flat_grad, load_state_vector, param_vector, state_vector, write_grads
 from ..runtime.base import Comm, Incoming, Pending
 from ..worker import WorkerContext, lr_of
@@ -71,12 +73,16 @@ class Inbox:
         ``greedy``, also every further one that has already arrived. Returns the indices
         (the sender's step) of the messages applied."""
         applied = []
-        for j in self.neighbours:
+        for j in list(self.neighbours):
             posted = self.posted[j]
             while posted:
                 buffer, incoming = posted[0]
                 if self.count[j] < need:
-                    await incoming.wait()
+                    try:
+                        await incoming.wait()
+                    except PeerLostError:  # j died: drop it, keep what it sent before
+                        self.neighbours.remove(j)
+                        break
                 elif not (greedy and incoming.ready()):
                     break
                 posted.popleft()
@@ -102,7 +108,9 @@ class Outbox:
             for pending in self.in_flight.pop(0):
                 await pending.wait()
         message = flat.detach().clone()
-        self.in_flight.append([self.comm.isend(message, j) for j in self.neighbours])
+        lost = self.comm.lost_peers()  # neighbours that died get nothing more
+        alive = [j for j in self.neighbours if j not in lost]
+        self.in_flight.append([self.comm.isend(message, j) for j in alive])
 
     async def flush(self) -> None:
         while self.in_flight:
@@ -113,6 +121,7 @@ class Outbox:
 @register(
     "nnt",
     "nearest-neighbour training (FAST): send gradients to ring/torus neighbours, never wait",
+    tolerates_worker_loss=True,
 )
 async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = False) -> None:
     """The program one NNT worker runs."""
@@ -177,6 +186,8 @@ async def _restart_from_best(
     val = torch.zeros(ctx.world_size, dtype=torch.float64)
     val[ctx.rank] = scores.get("val", 0.0)
     await ctx.comm.allreduce(val)
+    for rank in ctx.comm.lost_peers():
+        val[rank] = -1.0  # a dead worker cannot be the best
     best = int(torch.argmax(val))  # the first maximum: ties go to the lowest rank
     flat = state_vector(model)
     await ctx.comm.broadcast(flat, best)
@@ -188,6 +199,7 @@ async def _restart_from_best(
 @register(
     "nnt-lockstep",
     "nearest-neighbour training, waiting for one gradient per neighbour each step",
+    tolerates_worker_loss=True,
 )
 async def train_lockstep(ctx: WorkerContext) -> None:
     await train(ctx, lockstep=True)
@@ -196,6 +208,7 @@ async def train_lockstep(ctx: WorkerContext) -> None:
 @register(
     "nnt-staged",
     "nearest-neighbour training restarting everyone from the best worker every k epochs",
+    tolerates_worker_loss=True,
 )
 async def train_staged(ctx: WorkerContext) -> None:
     await train(ctx, staged=True)

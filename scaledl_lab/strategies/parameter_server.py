@@ -18,6 +18,7 @@ gradient's staleness is logged; asynchronous train rows carry global progress in
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from ..config import ExperimentConfig
 from ..large_batch import prepare_model
 from ..models import build_model
 from ..params import flat_grad, load_param_vector, param_vector
+from ..snapshots import restore, save_if_due
 from ..worker import (
     StepStats,
     WorkerContext,
@@ -220,10 +222,13 @@ async def train(ctx: WorkerContext) -> None:
 
     await shards.pull()
     evaluated = 0  # epochs evaluated so far (rank 0)
-    if ctx.rank == 0:
-        await ctx.evaluate_local(model, epoch=0.0, step=0)
     step = 0
-    batches = ctx.batches_forever()
+    if ctx.resume is not None:  # a resumed run: the servers hold the weights and optimiser
+        restore(ctx, model, None)
+        step, evaluated = int(ctx.resume["step"]), int(shards.progress // per_epoch)
+    elif ctx.rank == 0:
+        await ctx.evaluate_local(model, epoch=0.0, step=0)
+    batches = itertools.islice(ctx.batches_forever(), step, None)
     while shards.progress < target:
         x, y = next(batches)
         sent_before = comm.bytes_sent
@@ -257,6 +262,8 @@ async def train(ctx: WorkerContext) -> None:
         if ctx.rank == 0 and shards.progress // per_epoch > evaluated and shards.progress < target:
             evaluated = int(shards.progress // per_epoch)
             await ctx.evaluate_local(model, epoch=shards.progress / per_epoch, step=step)
+        if variant.exchange == "sync":  # every worker is at the same step
+            await save_if_due(ctx, step, model, None)
     # The run is over (pushes beyond the target are dropped): the servers' weights are final.
     await shards.pull()
     if ctx.rank == 0:

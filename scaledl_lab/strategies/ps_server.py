@@ -18,6 +18,7 @@ Update rules:
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -212,6 +213,21 @@ class ParameterServer:
         self.optimizer.step()
         self.param.grad = None
         self.version += 1
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything :meth:`restore` needs to go on from here (between two versions)."""
+        return {
+            "param": self.param.detach().clone(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "counters": (self.version, self.gradients, self.dropped, list(self.staleness)),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.param.copy_(state["param"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.gradients, self.dropped, staleness = state["counters"]
+        self.staleness = list(staleness)
 
     def stats(self) -> dict[str, Any]:
         s = torch.tensor(self.staleness or [math.nan], dtype=torch.float64)

@@ -2,7 +2,8 @@
 
 A :class:`Strategy` is the program every worker runs, plus what its runtime must provide
 around it: hosted server objects (parameter servers, the EASGD centre) and whether the run may
-go on when a worker dies (asynchronous and decentralised methods) or must stop (synchronous).
+go on when a worker dies (asynchronous and decentralised methods) or must stop (synchronous);
+where that depends on the options, a function of the config says.
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ class Strategy:
     program: Program
     description: str
     servers: ServerSpec | None = None
-    tolerates_worker_loss: bool = False
+    tolerates_worker_loss: bool | Callable[[ExperimentConfig], bool] = False
+
+    def survives_worker_loss(self, cfg: ExperimentConfig) -> bool:
+        """Whether a run of ``cfg`` goes on when one of its workers dies."""
+        tolerates = self.tolerates_worker_loss
+        return tolerates(cfg) if callable(tolerates) else tolerates
 
 
 STRATEGIES: dict[str, Strategy] = {}
@@ -50,7 +56,7 @@ def register(
     description: str,
     *,
     servers: ServerSpec | None = None,
-    tolerates_worker_loss: bool = False,
+    tolerates_worker_loss: bool | Callable[[ExperimentConfig], bool] = False,
 ) -> Callable[[Program], Program]:
     """Decorator: the program below is strategy ``name`` (a name of the user-facing contract)."""
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..params import flat_grad, grad_or_zeros
 from ..runtime.base import Comm, Pending
+from ..snapshots import save_if_due, start_or_resume
 from ..worker import StepStats, WorkerContext, check_finite
 from .compressed import CompressedAllreduce, spec_of
 from .registry import register
@@ -135,7 +136,8 @@ async def forward_backward(
 async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
     """The program one worker runs (Algorithm: synchronous SGD with allreduce)."""
     cfg, comm = ctx.config, ctx.comm
-    model, optimizer = await ctx.start()  # the same seed: the same weights on every worker
+    # The same seed: the same weights on every worker (or a checkpoint's, resumed at ``step``).
+    model, optimizer, step = await start_or_resume(ctx)
     spec = spec_of(cfg)
     reducer: NaiveAllreduce | BucketedAllreduce | CompressedAllreduce
     if spec is not None:  # compressed gradients: one reducer for both, after backward
@@ -144,8 +146,7 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         reducer = NaiveAllreduce(model, comm)
     else:
         reducer = BucketedAllreduce(model, comm, cfg.bucket_mb)
-    step = 0
-    for x, y in ctx.local_batches():
+    for x, y in ctx.local_batches(step):
         sent_before = comm.bytes_sent
         stats = await forward_backward(ctx, model, optimizer, reducer, x, y)
         # The loss travels with the gradients so that every worker sees a divergence at once.
@@ -157,6 +158,7 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr)
         if ctx.is_boundary(step):
             await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
+        await save_if_due(ctx, step, model, optimizer)
     ctx.keep_model(model)
 
 
