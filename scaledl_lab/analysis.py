@@ -143,6 +143,18 @@ def time_per_epoch(frame: pd.DataFrame, run: str | None = None) -> float:
     return max((t for t in ranks if not math.isnan(t)), default=math.nan)
 
 
+def step_rates(frame: pd.DataFrame, run: str | None = None) -> pd.Series:
+    """Each worker's training steps per second (by rank), from its first train row to its
+    second-to-last: the last step of a decentralised run includes waiting for every message
+    still owed to it, which is the end of the run, not its pace."""
+    rates = {}
+    for rank, rows in _train(frame, run).groupby("rank"):
+        times = rows.sort_values("step")["time"].to_numpy()[:-1]
+        span = times[-1] - times[0] if len(times) > 1 else 0.0
+        rates[int(rank)] = (len(times) - 1) / span if span > 0 else math.nan
+    return pd.Series(rates, name="steps_per_s", dtype=float)
+
+
 def speedup(frame: pd.DataFrame, one_worker_time_per_epoch: float, run: str | None = None) -> float:
     """One worker's time per epoch over this run's (both steady state, see
     :func:`time_per_epoch`): an epoch is one pass over the training set, so this is also the

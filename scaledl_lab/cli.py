@@ -26,6 +26,21 @@ from .models import MODELS
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+def _max_lead(text: str) -> int | None:
+    """``--nnt-max-lead``: a non-negative step count, or ``unbounded`` (FAST: never wait)."""
+    if text.strip().lower() in ("unbounded", "none"):
+        return None
+    try:
+        lead = int(text)
+    except ValueError:
+        lead = -1
+    if lead < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a non-negative integer nor 'unbounded'"
+        )
+    return lead
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scaledl-lab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -115,9 +130,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     opts.add_argument(
         "--nnt-max-lead",
-        type=int,
+        type=_max_lead,
         default=d["nnt_max_lead"].default,
-        help="nnt, nnt-staged: steps a worker may run ahead of a neighbour's gradients",
+        metavar="N|unbounded",
+        help="nnt, nnt-staged: steps a worker may run ahead of a neighbour's gradients "
+        "(default unbounded: never wait, as FAST)",
     )
     pipe = run.add_argument_group("model parallelism")
     pipe.add_argument(

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .config import ExperimentConfig
-from .cost import build_cost_model
+from .cost import Stragglers, build_cost_model
 from .metrics import Row, record
 from .models import model_flops
 from .runtime.base import Comm, Emit, Launch, Outcome
@@ -65,6 +65,7 @@ def launch_for(
         tolerates_worker_loss=strategy.tolerates_worker_loss,
         device=cfg.device,
         timeout_s=cfg.timeout_s,
+        stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed) if cfg.stragglers else None,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from scaledl_lab.cli import main
 from scaledl_lab.data import locate, write_cifar10_fixture
@@ -125,6 +126,26 @@ def test_run_writes_results_folder(tmp_path, capsys):
     assert "| allreduce-dask-2w |" in (out / "summary.md").read_text()
     loaded = Results.load(out)
     assert loaded.configs[0].max_steps == 8 and len(loaded.frame) == len(frame)
+
+
+@pytest.mark.parametrize(
+    "given,lead", [("unbounded", None), ("none", None), ("0", 0), ("4", 4), (None, None)]
+)
+def test_nnt_max_lead_reads_a_count_or_unbounded(given, lead):
+    from scaledl_lab.cli import _config_from_args, _parser
+
+    argv = ["run", "--strategy", "nnt", "--runtime", "sim", "--model", "mlp"]
+    args = _parser().parse_args(argv + (["--nnt-max-lead", given] if given else []))
+    assert _config_from_args(args).nnt_max_lead == lead
+
+
+def test_nnt_max_lead_refuses_a_negative_or_a_word(capsys):
+    for bad in ("-1", "soon"):
+        with pytest.raises(SystemExit):
+            main(["run", "--strategy", "nnt", "--runtime", "sim", "--nnt-max-lead", bad])
+        err = capsys.readouterr().err
+        assert f"argument --nnt-max-lead: {bad!r} is neither a non-negative integer nor " in err
+        assert "'unbounded'" in err
 
 
 def test_run_passes_every_option_to_the_config(tmp_path, capsys):

@@ -156,6 +156,7 @@ def run_rank(
                 servers=servers,
                 server_addresses=server_addresses,
                 timeout_s=launch.timeout_s,
+                stragglers=launch.stragglers,
             )
             try:
                 return asyncio.run(launch.program(comm, device, sink.emit))

@@ -7,10 +7,12 @@ workers of one machine is a file in /dev/shm.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import torch.distributed as dist
 
 from ..cost import allgather_bytes, ring_allreduce_bytes
 from ..errors import RunError, ServerLostError
-from .base import Comm, Group, Incoming, Pending, tensor_bytes
+from .base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
 
 
 class _Done(Pending):
@@ -74,6 +76,49 @@ class _Posted(Incoming):
         return self.tensor
 
 
+class _ThreadMailbox(Mailbox):
+    """A receiver thread keeps one gloo receive posted for ``src`` and queues what arrives, so
+    a sender's message leaves it as soon as it is on the wire, whatever this worker is doing
+    (gloo's sends otherwise complete only once the receiver has posted the receive)."""
+
+    def __init__(self, comm: Comm, src: int, like: torch.Tensor, total: int) -> None:
+        self.comm, self.src, self.like, self.total = comm, src, like, total
+        self.taken = self.received = 0
+        self._queue: collections.deque[torch.Tensor] = collections.deque()
+        self._arrived = threading.Condition()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        try:
+            for _ in range(self.total):
+                buffer = torch.empty_like(self.like)
+                dist.irecv(buffer, self.src).wait()
+                with self._arrived:
+                    self._queue.append(buffer)
+                    self.received += 1
+                    self._arrived.notify()
+        except BaseException as exc:  # re-raised by get() in the worker's own thread
+            with self._arrived:
+                self._error = exc
+                self._arrived.notify()
+
+    def ready(self) -> bool:
+        return bool(self._queue)
+
+    async def get(self) -> torch.Tensor:
+        if self.taken >= self.total:
+            raise RunError(f"all {self.total} messages from rank {self.src} were taken already")
+        with self._arrived:
+            while not self._queue and self._error is None:
+                self._arrived.wait()
+            if not self._queue:
+                raise RunError(f"receiving from rank {self.src} failed: {self._error}")
+            self.taken += 1
+            return self._queue.popleft()
+
+
 class _ActorCall(Pending):
     def __init__(self, comm: TorchComm, server: int, future: Any) -> None:
         self.comm, self.server, self.future = comm, server, future
@@ -103,8 +148,11 @@ class TorchComm(Comm):
         servers: list[Any] | None = None,
         server_addresses: list[str] | None = None,
         timeout_s: float = 60.0,
+        stragglers: Any = None,
     ) -> None:
         super().__init__(rank, world_size)
+        self.stragglers = stragglers  # cost.Stragglers, or None
+        self.steps = 0
         self.t0 = t0
         self.run_id = run_id
         self.servers = servers or []
@@ -115,6 +163,18 @@ class TorchComm(Comm):
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    @contextlib.asynccontextmanager
+    async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:
+        """A straggler injected on a real worker: ``slow:RANK:FACTOR`` sleeps FACTOR − 1 times
+        the block's measured duration after it, ``hiccup`` adds its seeded pauses."""
+        start = time.perf_counter()
+        yield
+        if self.stragglers is not None:
+            factor = self.stragglers.factor(self.rank, self.world_size)
+            extra = (factor - 1) * (time.perf_counter() - start)
+            time.sleep(max(0.0, extra) + self.stragglers.hiccup(self.rank, self.steps))
+        self.steps += 1
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         group = super().new_group(ranks)
@@ -156,6 +216,9 @@ class TorchComm(Comm):
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
         return _Posted(dist.irecv(tensor, src), tensor)
+
+    def mailbox(self, src: int, like: torch.Tensor, total: int) -> Mailbox:
+        return _ThreadMailbox(self, src, like, total)
 
     async def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.bytes_sent += tensor.numel() * tensor.element_size()
