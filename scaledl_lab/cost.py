@@ -31,11 +31,14 @@ class CostModelError(ValueError):
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """Seconds for one training step on ``samples`` samples: ``per_step + per_sample·samples``."""
+    """Seconds for one training step on ``samples`` samples: ``per_step + per_sample·samples``;
+    and for applying a received gradient (its copy out of the receive buffer, then an optimiser
+    step): ``apply_per_byte_s`` per parameter byte (None: from the device's memory rate)."""
 
     name: str
     per_step_s: float
     per_sample_s: float
+    apply_per_byte_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.per_step_s < 0 or self.per_sample_s <= 0:
@@ -79,6 +82,20 @@ DEVICES: dict[str, float] = {
     "a100": 19.5e12 * 0.4,
     "h100": 67e12 * 0.4,
 }
+# Memory traffic of one received-gradient application, in passes over the parameter bytes:
+# the copy out of the receive buffer into the gradients (read + write) and an optimiser step
+# (read parameters, gradients and one state, write parameters and state). Rates: achieved
+# bytes/s, assumed (70% of the GPUs' peak; 5 GB/s for one CPU core, where calibrate.time_apply
+# measured 1.2 GB/s with other jobs on both cores). `scaledl-lab calibrate` times the
+# application itself and stores it in the profile.
+APPLY_PASSES = 7
+MEMORY_RATES: dict[str, float] = {
+    "cpu-core": 5e9,
+    "v100": 900e9 * 0.7,
+    "a100": 1.55e12 * 0.7,
+    "h100": 3.35e12 * 0.7,
+}
+
 NETWORKS: dict[str, NetworkProfile] = {
     "loopback": NetworkProfile("loopback", 120e-6, 0.9e9),  # gloo on one host (measured here)
     "1gbe": NetworkProfile("1gbe", 50e-6, 0.125e9),
@@ -197,6 +214,15 @@ class CostModel:
     def step_time(self, rank: int, world_size: int, step: int, samples: int) -> float:
         base = self.compute.step_time(samples) * self.stragglers.factor(rank, world_size)
         return base + self.stragglers.hiccup(rank, step)
+
+    def apply_time(self, rank: int, world_size: int, nbytes: int) -> float:
+        """Seconds to apply a received gradient of ``nbytes`` parameter bytes (see
+        :class:`ComputeProfile`); a straggler is slow at this too."""
+        per_byte = self.compute.apply_per_byte_s
+        if per_byte is None:
+            device = self.compute.name.split(":")[0]
+            per_byte = APPLY_PASSES / MEMORY_RATES.get(device, MEMORY_RATES["cpu-core"])
+        return per_byte * nbytes * self.stragglers.factor(rank, world_size)
 
     def allreduce_time(self, nbytes: int, world_size: int) -> float:
         return allreduce_time(nbytes, world_size, self.network, self.allreduce)

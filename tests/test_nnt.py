@@ -213,3 +213,26 @@ def test_unbounded_nnt_on_dask_with_a_straggler_applies_every_message(client):
     assert train.groupby("rank")["step"].max().tolist() == [1000, 1000]
     outs = res.outputs[cfg.label]
     assert outs[0]["messages_applied"] == {1: 1000} and outs[1]["messages_applied"] == {0: 1000}
+
+
+@pytest.mark.parametrize("strategy", ["nnt-lockstep", "nnt"])
+def test_the_simulator_charges_every_neighbour_gradient_it_applies(tmp_path, strategy):
+    """Each application of a neighbour's gradient (its copy out of the receive buffer and the
+    optimiser step) costs the profile's apply_per_byte_s × its bytes of virtual time."""
+    from scaledl_lab.cost import NETWORKS, ComputeProfile, save_calibration
+
+    cfg = ExperimentConfig(
+        strategy=strategy, runtime="sim", workers=2, model="mlp", nnt_max_lead=0, **SMALL
+    )
+    ends = {}
+    for per_byte in (0.0, 1e-9):
+        profile = ComputeProfile("calibrated:mlp", 1e-3, 1e-5, apply_per_byte_s=per_byte)
+        path = save_calibration(
+            tmp_path / f"{per_byte}.json", {"mlp": profile}, NETWORKS["loopback"], {}
+        )
+        res = run(cfg.replace(compute_profile=str(path)), progress=False)
+        ends[per_byte] = res.frame.query("kind == 'train' and rank == 0")["time"].max()
+        applied = sum(res.outputs[cfg.label][0]["messages_applied"].values())
+    model_bytes = 4 * (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10)
+    assert applied == 20
+    assert ends[1e-9] - ends[0.0] == pytest.approx(20 * model_bytes * 1e-9, rel=1e-6)

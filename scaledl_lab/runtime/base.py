@@ -211,6 +211,13 @@ class Comm(abc.ABC):
         """
         yield
 
+    @contextlib.asynccontextmanager
+    async def applying(self, nbytes: int) -> AsyncIterator[None]:
+        """Mark applying a received gradient of ``nbytes`` parameter bytes (its copy out of the
+        receive buffer and an optimiser step); the simulated runtime charges it from its cost
+        model, wall-clock runtimes need nothing."""
+        yield
+
 
 Emit = Callable[[dict[str, Any]], None]
 Group = tuple[int, ...]  # the ranks of a group, sorted

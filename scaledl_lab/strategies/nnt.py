@@ -87,7 +87,7 @@ class Inbox:
                 elif not (greedy and incoming.ready()):
                     break
                 posted.popleft()
-                apply(buffer)  # used up before the buffer is posted again
+                await apply(buffer)  # used up before the buffer is posted again
                 applied.append(self.count[j])
                 self.count[j] += 1
                 if self.count[j] + len(posted) < self.total:
@@ -113,7 +113,7 @@ class Mailboxes:
         for box in self.boxes.values():
             while box.taken < self.total and (box.taken < need or (greedy and box.ready())):
                 applied.append(box.taken)
-                apply(await box.get())
+                await apply(await box.get())
         return applied
 
 
@@ -170,10 +170,14 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
         outbox = Outbox(comm, neighbours, window=2 * lead + 1)
     snapshots: list[tuple[int, float, torch.Tensor]] = []  # unbounded: (step, time, weights)
 
-    def apply(flat: torch.Tensor) -> None:
-        """A neighbour's gradient, applied with the local optimiser as if it were local."""
-        write_grads(params, codec.decode(flat) if codec else flat)
-        holder["optimizer"].step()
+    nbytes = like.numel() * like.element_size()
+
+    async def apply(flat: torch.Tensor) -> None:
+        """A neighbour's gradient, applied with the local optimiser as if it were local (the
+        simulator charges the copy and the optimiser step from its cost model)."""
+        async with comm.applying(nbytes):
+            write_grads(params, codec.decode(flat) if codec else flat)
+            holder["optimizer"].step()
 
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
