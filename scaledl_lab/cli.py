@@ -70,10 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="effective batch; must be divisible by --workers",
     )
-    run.add_argument("--lr", type=float, default=d["lr"].default)
-    run.add_argument("--momentum", type=float, default=d["momentum"].default)
-    run.add_argument("--weight-decay", type=float, default=d["weight_decay"].default)
-    run.add_argument("--optimizer", default=d["optimizer"].default)
+    # Optimiser options left out take the strategy family's defaults (health.recommended).
+    run.add_argument("--lr", type=float, default=None)
+    run.add_argument("--momentum", type=float, default=None)
+    run.add_argument("--weight-decay", type=float, default=None)
+    run.add_argument("--optimizer", default=None)
     run.add_argument("--seed", type=int, default=d["seed"].default)
     run.add_argument(
         "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
@@ -184,6 +185,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    from .health import recommended
+
+    family = recommended(args.strategy)
+    for name in ("lr", "momentum", "weight_decay", "optimizer"):
+        if getattr(args, name) is None:
+            setattr(args, name, family[name])
     cfg = ExperimentConfig(
         strategy=args.strategy, runtime=args.runtime, workers=args.workers,
         dataset=args.dataset, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
@@ -290,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = args.out or f"results/{cfg.label}"
             results = run(cfg, address=args.address, out=out)
             print(results.summary().to_string(index=False))
+            for warning in results.warnings():
+                print(f"warning: {warning}")
             print(f"results written to {out}")
         elif args.command == "reproduce":
             from .reproduce import reproduce

@@ -21,7 +21,7 @@ LAYERS: dict[str, int] = {
     "worker": 3,
     "strategies": 4,
     "launch": 5, "analysis": 5, "claims": 5, "gantt": 5, "diagrams": 5, "reference": 5, "plots": 5,
-    "sharpness": 5, "large_batch_report": 5,
+    "sharpness": 5, "large_batch_report": 5, "health": 5,
     "experiment": 6,
     "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
     "cli_large_batch": 7, "large_batch_study": 7, "compression_study": 7, "compression_report": 7,
