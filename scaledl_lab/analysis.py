@@ -71,10 +71,13 @@ def final_scores(frame: pd.DataFrame, run: str | None = None) -> dict[str, float
     accuracies there. All NaN when the run has no validation split."""
     rows = _rows(frame, run)
     if not (rows["kind"] == "val").any():
-        return dict.fromkeys(("best", "best_rank", "mean", "spread", "std"), math.nan)
+        keys = ("best", "best_rank", "mean", "spread", "std", "val", "best_on_test")
+        return dict.fromkeys(keys, math.nan)
     s = best_worker(rows)
     return {
         "best": float(s["best_test_accuracy"]),
+        "val": float(s["worker_val_accuracy"][s["ranks"].index(s["best_rank"])]),
+        "best_on_test": float(s["max_test_accuracy"]),  # FAST's rule: the best worker on test
         "best_rank": float(s["best_rank"]),
         "mean": float(s["mean_test_accuracy"]),
         "spread": float(s["max_test_accuracy"] - s["min_test_accuracy"]),
@@ -250,7 +253,12 @@ def comparison_table(
         record.update(
             straggler=bool(cfg.stragglers),
             stragglers=cfg.stragglers,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            seed=cfg.seed,
+            val_acc_best_worker=scores["val"],
             test_acc_best_worker=scores["best"],
+            test_acc_best_on_test=scores["best_on_test"],
             test_acc_mean=scores["mean"],
             test_acc_spread=scores["spread"],
             test_acc_std=scores["std"],

@@ -244,7 +244,8 @@ def _fmt_bytes(value: float) -> str:
 def summary_markdown(frame: pd.DataFrame) -> str:
     """`summary_table` as a GitHub markdown table with human-readable numbers."""
     table = summary_table(frame)
-    header = ["run", "strategy", "runtime", "workers", "epochs", "test acc", "best val acc"]
+    header = ["run", "strategy", "runtime", "workers", "epochs", "test acc (mean of workers)"]
+    header += ["val acc (best epoch, mean of workers)"]
     header += ["test loss", "time (s)", "samples/s", "sent/worker/step", "staleness"]
     compressed = bool((table["compression_ratio"].fillna(1.0) != 1.0).any())
     header += ["compression"] if compressed else []
