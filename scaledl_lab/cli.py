@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("reproduce", help="the paper comparison")
     rep.add_argument("--quick", action="store_true", help="small data, few epochs (minutes)")
+    rep.add_argument(
+        "--long",
+        action="store_true",
+        help="simulated only: full Fashion-MNIST, 20 epochs, seeds and a learning-rate grid",
+    )
     rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
     rep.add_argument("--address", default=None, help="attach to this Dask scheduler")
 
@@ -300,6 +305,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for warning in results.warnings():
                 print(f"warning: {warning}")
             print(f"results written to {out}")
+        elif args.command == "reproduce" and args.long:
+            from .long_run import reproduce_long
+
+            out = args.out or "results/reproduce-long"
+            reproduce_long(out=out)
+            print((Path(out) / "summary.md").read_text())
         elif args.command == "reproduce":
             from .reproduce import reproduce
 

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "experiment": 6,
     "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
     "cli_large_batch": 7, "large_batch_study": 7, "compression_study": 7, "compression_report": 7,
+    "long_run": 7,
 }  # fmt: skip
 
 
