@@ -169,3 +169,17 @@ def test_run_passes_every_option_to_the_config(tmp_path, capsys):
     train = frame[frame.kind == "train"]
     assert set(train["samples"]) == {16} and sorted(train["rank"].unique()) == [0, 1, 2]
     assert sorted(frame[frame.kind == "server"]["rank"]) == [3, 4]  # two shards
+
+
+def test_reproduce_long_runs_the_long_comparison(tmp_path, monkeypatch, capsys):
+    from scaledl_lab import long_run
+
+    calls = []
+
+    def fake(*, out):
+        calls.append(out)
+        (tmp_path / "summary.md").write_text("# long\n")
+
+    monkeypatch.setattr(long_run, "reproduce_long", fake)
+    assert main(["reproduce", "--long", "--out", str(tmp_path)]) == 0
+    assert calls == [str(tmp_path)] and "# long" in capsys.readouterr().out
