@@ -13,7 +13,7 @@
 Step rates run from a worker's first train row to its second-to-last (the last step waits for
 every message still owed to it: that is the end of the run, not its pace).
 
-    python benchmarks/bench_nnt_straggler.py [--quick] [--steps 1000] [--factor 10]
+    python benchmarks/bench_nnt_straggler.py [--quick] [--steps 1000] [--factor 10] [--skip-sim]
 """
 
 from __future__ import annotations
@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sim-steps", type=int, default=16, help="steps per worker, simulated")
     parser.add_argument("--factor", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200 steps on Dask")
+    parser.add_argument("--skip-sim", action="store_true", help="the Dask part only")
     args = parser.parse_args(argv)
-    simulated(args.sim_steps, args.factor)
+    if not args.skip_sim:
+        simulated(args.sim_steps, args.factor)
     real(200 if args.quick else args.steps, args.factor)
 
 
