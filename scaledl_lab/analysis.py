@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from .config import TOPOLOGY_STRATEGIES, ExperimentConfig
+from .cost import Stragglers
 from .metrics import summarise_workers
 from .topology import parse
 
@@ -275,6 +276,7 @@ def comparison_table(
         for cfg in configs
     ]
     table["straggler_slowdown"] = [_slowdown(table, r) for r in records]
+    table["others_rate_kept"] = [_rate_kept(frame, table, r) for r in records]
     return table
 
 
@@ -299,6 +301,20 @@ def _slowdown(table: pd.DataFrame, r: dict) -> float:
         return math.nan
     even = table.loc[_same_setting(table, r) & ~table["straggler"], "time_per_epoch_s"]
     return r["time_per_epoch_s"] / float(even.iloc[0]) if len(even) else math.nan
+
+
+def _rate_kept(frame: pd.DataFrame, table: pd.DataFrame, r: dict) -> float:
+    """With a straggler: the lowest, over the workers that are not slowed, of their step rate
+    (:func:`step_rates`) over their rate in the same run without it (1: not held back)."""
+    if not r["straggler"]:
+        return math.nan
+    even = table.loc[_same_setting(table, r) & ~table["straggler"], "run"]
+    if even.empty:
+        return math.nan
+    slow = set(Stragglers.parse(r["stragglers"]).slow)
+    with_, without = step_rates(frame, r["run"]), step_rates(frame, even.iloc[0])
+    ranks = [k for k in with_.index if k not in slow and k in without.index]
+    return float((with_[ranks] / without[ranks]).min()) if ranks else math.nan
 
 
 def traffic_table(results: Any, *, model_bytes: Baseline | None = None) -> pd.DataFrame:

@@ -383,3 +383,17 @@ def test_the_learning_rate_is_chosen_on_validation_per_method():
     assert len(chosen) == len(table)
     assert chosen["run"].str.endswith(" · lr×1").all()  # best on val, not on test
     assert (chosen["test_acc_best_worker"] == 0.79).all()
+
+
+def test_straggler_verdict_reads_the_other_workers_step_rates_where_measured():
+    table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.98,
+                      "allreduce-straggler.others_rate_kept": 0.397})  # fmt: skip
+    lead = table[table["run"] == "nnt-torus-straggler"].assign(
+        run="nnt-torus-straggler · lead 4", others_rate_kept=0.57
+    )
+    v = _verdict(pd.concat([table, lead], ignore_index=True), COUPLED)
+    assert "(the other workers keep at least 90% of their step rate): **supported** — with " in v
+    assert "rank 5 4× slower, the others keep 98.0% of their step rate with NNT torus (57.0% " in v
+    assert "with nnt-torus-straggler · lead 4), 39.7% with allreduce; an epoch of the whole " in v
+    table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.6})
+    assert "step rate): **not supported** — with rank 5" in _verdict(table, COUPLED)
