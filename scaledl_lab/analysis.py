@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from .config import TOPOLOGY_STRATEGIES, ExperimentConfig
+from .cost import Stragglers
 from .metrics import summarise_workers
 from .topology import parse
 
@@ -71,10 +72,13 @@ def final_scores(frame: pd.DataFrame, run: str | None = None) -> dict[str, float
     accuracies there. All NaN when the run has no validation split."""
     rows = _rows(frame, run)
     if not (rows["kind"] == "val").any():
-        return dict.fromkeys(("best", "best_rank", "mean", "spread", "std"), math.nan)
+        keys = ("best", "best_rank", "mean", "spread", "std", "val", "best_on_test")
+        return dict.fromkeys(keys, math.nan)
     s = best_worker(rows)
     return {
         "best": float(s["best_test_accuracy"]),
+        "val": float(s["worker_val_accuracy"][s["ranks"].index(s["best_rank"])]),
+        "best_on_test": float(s["max_test_accuracy"]),  # FAST's rule: the best worker on test
         "best_rank": float(s["best_rank"]),
         "mean": float(s["mean_test_accuracy"]),
         "spread": float(s["max_test_accuracy"] - s["min_test_accuracy"]),
@@ -141,6 +145,18 @@ def time_per_epoch(frame: pd.DataFrame, run: str | None = None) -> float:
         for _, rows in train.groupby("rank")
     ]
     return max((t for t in ranks if not math.isnan(t)), default=math.nan)
+
+
+def step_rates(frame: pd.DataFrame, run: str | None = None) -> pd.Series:
+    """Each worker's training steps per second (by rank), from its first train row to its
+    second-to-last: the last step of a decentralised run includes waiting for every message
+    still owed to it, which is the end of the run, not its pace."""
+    rates = {}
+    for rank, rows in _train(frame, run).groupby("rank"):
+        times = rows.sort_values("step")["time"].to_numpy()[:-1]
+        span = times[-1] - times[0] if len(times) > 1 else 0.0
+        rates[int(rank)] = (len(times) - 1) / span if span > 0 else math.nan
+    return pd.Series(rates, name="steps_per_s", dtype=float)
 
 
 def speedup(frame: pd.DataFrame, one_worker_time_per_epoch: float, run: str | None = None) -> float:
@@ -238,7 +254,12 @@ def comparison_table(
         record.update(
             straggler=bool(cfg.stragglers),
             stragglers=cfg.stragglers,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            seed=cfg.seed,
+            val_acc_best_worker=scores["val"],
             test_acc_best_worker=scores["best"],
+            test_acc_best_on_test=scores["best_on_test"],
             test_acc_mean=scores["mean"],
             test_acc_spread=scores["spread"],
             test_acc_std=scores["std"],
@@ -255,6 +276,7 @@ def comparison_table(
         for cfg in configs
     ]
     table["straggler_slowdown"] = [_slowdown(table, r) for r in records]
+    table["others_rate_kept"] = [_rate_kept(frame, table, r) for r in records]
     return table
 
 
@@ -279,6 +301,20 @@ def _slowdown(table: pd.DataFrame, r: dict) -> float:
         return math.nan
     even = table.loc[_same_setting(table, r) & ~table["straggler"], "time_per_epoch_s"]
     return r["time_per_epoch_s"] / float(even.iloc[0]) if len(even) else math.nan
+
+
+def _rate_kept(frame: pd.DataFrame, table: pd.DataFrame, r: dict) -> float:
+    """With a straggler: the lowest, over the workers that are not slowed, of their step rate
+    (:func:`step_rates`) over their rate in the same run without it (1: not held back)."""
+    if not r["straggler"]:
+        return math.nan
+    even = table.loc[_same_setting(table, r) & ~table["straggler"], "run"]
+    if even.empty:
+        return math.nan
+    slow = set(Stragglers.parse(r["stragglers"]).slow)
+    with_, without = step_rates(frame, r["run"]), step_rates(frame, even.iloc[0])
+    ranks = [k for k in with_.index if k not in slow and k in without.index]
+    return float((with_[ranks] / without[ranks]).min()) if ranks else math.nan
 
 
 def traffic_table(results: Any, *, model_bytes: Baseline | None = None) -> pd.DataFrame:

@@ -57,6 +57,30 @@ def time_steps(model_name: str, batch: int, *, steps: int = 20, warmup: int = 3)
     return statistics.median(times)
 
 
+def time_apply(model_name: str, *, repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds per parameter byte of applying a received gradient, one thread: its copy
+    out of a flat receive buffer into the gradients, then an AdaGrad step (one state tensor)."""
+    from .params import param_vector, write_grads
+
+    shape, classes = SHAPES[model_name]
+    params = list(build_model(model_name, shape, classes, seed=0).parameters())
+    optimizer = torch.optim.Adagrad(params, lr=0.01)
+    flat = torch.randn_like(param_vector(params))
+    times = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(warmup + repeats):
+            start = time.perf_counter()
+            write_grads(params, flat)
+            optimizer.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times) / (flat.numel() * flat.element_size())
+
+
 def _time_on_workers(client: Any, model_name: str, batch: int) -> float:
     """Mean step time with every worker of ``client`` timing at once, as they will train:
     concurrent workers share memory bandwidth and caches, which a lone process does not see."""
@@ -81,7 +105,7 @@ def calibrate_compute(
         t_large = _time_on_workers(client, model_name, large)
     per_sample = max((t_large - t_small) / (large - small), 1e-9)
     per_step = max(t_small - per_sample * small, 0.0)
-    return ComputeProfile(f"calibrated:{model_name}", per_step, per_sample)
+    return ComputeProfile(f"calibrated:{model_name}", per_step, per_sample, time_apply(model_name))
 
 
 def calibrate_from_runs(
@@ -125,7 +149,10 @@ def calibrate_from_runs(
     (small, large), (t_small, t_large) = batches, times
     per_sample = max((t_large - t_small) / (large - small), 1e-9)
     return ComputeProfile(
-        f"calibrated:{model_name}", max(t_small - per_sample * small, 0.0), per_sample
+        f"calibrated:{model_name}",
+        max(t_small - per_sample * small, 0.0),
+        per_sample,
+        time_apply(model_name),
     )
 
 

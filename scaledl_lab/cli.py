@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import cli_large_batch
+from . import cli_large_batch, cli_options
 from .config import (
     CONTRACT_STRATEGIES,
     DATASETS,
@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("reproduce", help="the paper comparison")
     rep.add_argument("--quick", action="store_true", help="small data, few epochs (minutes)")
+    rep.add_argument(
+        "--long",
+        action="store_true",
+        help="simulated only: full Fashion-MNIST, 20 epochs, seeds and a learning-rate grid",
+    )
     rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
     rep.add_argument(
         "--smoke",
@@ -61,10 +66,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="effective batch; must be divisible by --workers",
     )
-    run.add_argument("--lr", type=float, default=d["lr"].default)
-    run.add_argument("--momentum", type=float, default=d["momentum"].default)
-    run.add_argument("--weight-decay", type=float, default=d["weight_decay"].default)
-    run.add_argument("--optimizer", default=d["optimizer"].default)
+    # Optimiser options left out take the strategy family's defaults (health.recommended).
+    run.add_argument("--lr", type=float, default=None)
+    run.add_argument("--momentum", type=float, default=None)
+    run.add_argument("--weight-decay", type=float, default=None)
+    run.add_argument("--optimizer", default=None)
     run.add_argument("--seed", type=int, default=d["seed"].default)
     run.add_argument(
         "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
@@ -97,66 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)",
     )
-    opts = run.add_argument_group("strategy options")
-    opts.add_argument("--servers", type=int, default=d["servers"].default, help="PS shards")
-    opts.add_argument("--backup-workers", type=int, default=d["backup_workers"].default)
-    opts.add_argument("--n-fetch", type=int, default=d["n_fetch"].default, help="downpour")
-    opts.add_argument("--n-push", type=int, default=d["n_push"].default, help="downpour")
-    opts.add_argument("--dc-lambda", type=float, default=d["dc_lambda"].default, help="dc-asgd")
-    opts.add_argument(
-        "--dc-adaptive", action="store_true", help="dc-asgd: λ0/√(mean g²) (DC-ASGD-a)"
-    )
-    opts.add_argument(
-        "--sync-period",
-        type=int,
-        default=d["sync_period"].default,
-        help="local-sgd, easgd: local steps between averagings",
-    )
-    opts.add_argument("--elastic-alpha", type=float, default=None, help="easgd moving rate")
-    opts.add_argument(
-        "--elastic-async", action="store_true", help="easgd: centre on a server, asynchronous"
-    )
-    opts.add_argument(
-        "--stage-epochs", type=int, default=d["stage_epochs"].default, help="nnt-staged"
-    )
-    opts.add_argument(
-        "--nnt-max-lead",
-        type=int,
-        default=d["nnt_max_lead"].default,
-        help="nnt, nnt-staged: steps a worker may run ahead of a neighbour's gradients",
-    )
-    pipe = run.add_argument_group("model parallelism")
-    pipe.add_argument(
-        "--stages", type=int, default=None, help="pipelines: stages per replica (default: all)"
-    )
-    pipe.add_argument(
-        "--micro-batches", type=int, default=1, help="gpipe, 1f1b: micro-batches per mini-batch"
-    )
-    pipe.add_argument(
-        "--balance", default="params", help="pipelines: params | time | layers per stage 2,3,1"
-    )
-    pipe.add_argument(
-        "--recompute", action="store_true", help="gpipe, 1f1b: recompute forwards in backward"
-    )
+    cli_options.add_run_options(run)
     cli_large_batch.add_run_options(run)
-    comp = run.add_argument_group("gradient compression (strategies that send gradients)")
-    comp.add_argument(
-        "--compress",
-        default=d["compress"].default,
-        help="none | onebit | qsgd:LEVELS | topk:RATIO | dgc:RATIO | powersgd:RANK",
-    )
-    comp.add_argument(
-        "--no-error-feedback", action="store_true", help="drop what compression leaves out"
-    )
-    runs = run.add_argument_group("faults and checkpoints")
-    runs.add_argument(
-        "--faults", default=None, help="kill:RANK:STEP (commas): worker RANK dies after STEP"
-    )
-    runs.add_argument(
-        "--checkpoint-every",
-        default=None,
-        help="N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
-    )
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     _cluster_options(run)
     run.add_argument("--out", default=None, help="results folder (default results/<run>)")
@@ -201,6 +149,12 @@ def _security(args: argparse.Namespace) -> Any:
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    from .health import recommended
+
+    family = recommended(args.strategy)
+    for name in ("lr", "momentum", "weight_decay", "optimizer"):
+        if getattr(args, name) is None:
+            setattr(args, name, family[name])
     cfg = ExperimentConfig(
         strategy=args.strategy, runtime=args.runtime, workers=args.workers,
         dataset=args.dataset, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
@@ -210,21 +164,10 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         test_subset=args.test_subset, max_steps=args.max_steps, data_dir=args.data_dir,
         oversubscribe=args.oversubscribe, compute_profile=args.compute_profile,
         network=args.network, allreduce_algorithm=args.allreduce_algorithm,
-        stragglers=args.stragglers, servers=args.servers, backup_workers=args.backup_workers,
-        n_fetch=args.n_fetch, n_push=args.n_push, dc_lambda=args.dc_lambda,
-        dc_adaptive=args.dc_adaptive,
-        sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
-        elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
-        nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
-        balance=args.balance, recompute=args.recompute, **cli_large_batch.config_options(args),
-        compress=args.compress, error_feedback=not args.no_error_feedback,
-        faults=args.faults, checkpoint_every=_steps_or_text(args.checkpoint_every),
+        stragglers=args.stragglers, **cli_options.config_options(args),
+        **cli_large_batch.config_options(args),
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
-
-
-def _steps_or_text(value: str | None) -> int | str | None:
-    return int(value) if value is not None and value.strip().lstrip("-").isdigit() else value
 
 
 def _cmd_list() -> None:
@@ -312,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = args.out or f"results/{cfg.label}"
             results = run(cfg, address=args.address, out=out, security=_security(args))
             print(results.summary().to_string(index=False))
+            for warning in results.warnings():
+                print(f"warning: {warning}")
             print(f"results written to {out}")
         elif args.command == "resume":
             from .resume import resume
@@ -319,6 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = resume(args.results_dir, args.epochs, address=args.address)
             print(results.summary().to_string(index=False))
             print(f"results written to {args.results_dir}")
+        elif args.command == "reproduce" and args.long:
+            from .long_run import reproduce_long
+
+            out = args.out or "results/reproduce-long"
+            reproduce_long(out=out)
+            print((Path(out) / "summary.md").read_text())
         elif args.command == "reproduce":
             from .reproduce import reproduce, smoke_configs
 

@@ -105,7 +105,8 @@ class ExperimentConfig:
     elastic_alpha: float | None = None  # easgd: moving rate (default 0.9 / workers)
     elastic_async: bool = False  # easgd: centre on a hosted server, updated asynchronously
     stage_epochs: int = 1  # nnt-staged: restart everyone from the best worker every k epochs
-    nnt_max_lead: int = 4  # nnt, nnt-staged: steps a worker may run ahead of a neighbour's news
+    nnt_max_lead: int | None = None  # nnt, nnt-staged: steps ahead of a neighbour's news (None:
+    # unbounded, as FAST: a worker never waits for a neighbour)
     stages: int | None = None  # pipelines: stages per replica (default: every worker, one replica)
     micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
     balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
@@ -247,7 +248,7 @@ def validate(cfg: ExperimentConfig) -> None:
             f"{cfg.replicas} replicas (workers={cfg.workers}); choose a multiple of "
             f"{cfg.replicas} or set batch_size (per replica) instead"
         )
-    from .cost import check_config
+    from .cost_checks import check_config
 
     check_config(cfg)
     _validate_strategy_options(cfg)
@@ -275,8 +276,12 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{name}={value!r} must be a positive integer")
-    if not isinstance(cfg.nnt_max_lead, int) or cfg.nnt_max_lead < 0:
-        raise ConfigError(f"nnt_max_lead={cfg.nnt_max_lead!r} must be a non-negative integer")
+    lead = cfg.nnt_max_lead
+    if lead is not None and (not isinstance(lead, int) or isinstance(lead, bool) or lead < 0):
+        raise ConfigError(
+            f"nnt_max_lead={lead!r} must be a non-negative integer, or None for unbounded "
+            "(FAST's never-waiting NNT)"
+        )
     if not isinstance(cfg.backup_workers, int) or cfg.backup_workers < 0:
         raise ConfigError(f"backup_workers={cfg.backup_workers!r} must be a non-negative integer")
     if cfg.strategy == "backup-workers" and cfg.backup_workers >= cfg.workers:

@@ -31,11 +31,14 @@ class CostModelError(ValueError):
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """Seconds for one training step on ``samples`` samples: ``per_step + per_sample·samples``."""
+    """Seconds for one training step on ``samples`` samples: ``per_step + per_sample·samples``;
+    and for applying a received gradient (its copy out of the receive buffer, then an optimiser
+    step): ``apply_per_byte_s`` per parameter byte (None: from the device's memory rate)."""
 
     name: str
     per_step_s: float
     per_sample_s: float
+    apply_per_byte_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.per_step_s < 0 or self.per_sample_s <= 0:
@@ -79,6 +82,20 @@ DEVICES: dict[str, float] = {
     "a100": 19.5e12 * 0.4,
     "h100": 67e12 * 0.4,
 }
+# Memory traffic of one received-gradient application, in passes over the parameter bytes:
+# the copy out of the receive buffer into the gradients (read + write) and an optimiser step
+# (read parameters, gradients and one state, write parameters and state). Rates: achieved
+# bytes/s, assumed (70% of the GPUs' peak; 5 GB/s for one CPU core, where calibrate.time_apply
+# measured 1.2 GB/s with other jobs on both cores). `scaledl-lab calibrate` times the
+# application itself and stores it in the profile.
+APPLY_PASSES = 7
+MEMORY_RATES: dict[str, float] = {
+    "cpu-core": 5e9,
+    "v100": 900e9 * 0.7,
+    "a100": 1.55e12 * 0.7,
+    "h100": 3.35e12 * 0.7,
+}
+
 NETWORKS: dict[str, NetworkProfile] = {
     "loopback": NetworkProfile("loopback", 120e-6, 0.9e9),  # gloo on one host (measured here)
     "1gbe": NetworkProfile("1gbe", 50e-6, 0.125e9),
@@ -203,6 +220,15 @@ class CostModel:
         base = self.compute.step_time(samples) * self.stragglers.factor(rank, world_size)
         return base + self.stragglers.hiccup(rank, step)
 
+    def apply_time(self, rank: int, world_size: int, nbytes: int) -> float:
+        """Seconds to apply a received gradient of ``nbytes`` parameter bytes (see
+        :class:`ComputeProfile`); a straggler is slow at this too."""
+        per_byte = self.compute.apply_per_byte_s
+        if per_byte is None:
+            device = self.compute.name.split(":")[0]
+            per_byte = APPLY_PASSES / MEMORY_RATES.get(device, MEMORY_RATES["cpu-core"])
+        return per_byte * nbytes * self.stragglers.factor(rank, world_size)
+
     def allreduce_time(self, nbytes: int, world_size: int) -> float:
         return allreduce_time(nbytes, world_size, self.network, self.allreduce)
 
@@ -302,45 +328,3 @@ def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
         allreduce=cfg.allreduce_algorithm,
         stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed),
     )
-
-
-def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
-    """Stragglers name ranks of this run, and only the simulator has them (a slow real worker
-    is a slow machine): said before any work, not found missing from the results."""
-    if not cfg.stragglers:
-        return
-    if cfg.runtime != "sim":
-        raise CostModelError(
-            f"stragglers={cfg.stragglers!r} apply to the simulated runtime only "
-            f"(runtime='sim'); runtime={cfg.runtime!r} runs real workers at their own speed"
-        )
-    bad = sorted(r for r in stragglers.slow if not 0 <= r < cfg.workers)
-    if bad:
-        raise CostModelError(
-            f"stragglers={cfg.stragglers!r}: "
-            + (f"ranks {bad} are not workers" if len(bad) > 1 else f"rank {bad[0]} is not a worker")
-            + f" of this run (workers={cfg.workers}: ranks 0 to {cfg.workers - 1})"
-        )
-
-
-def check_config(cfg: Any) -> None:
-    """Config errors of the cost-model fields (a ConfigError naming the field)."""
-    from .errors import ConfigError, choices
-
-    if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ConfigError(
-            f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
-            f"allowed: {choices(ALLREDUCE_ALGORITHMS)}"
-        )
-    try:
-        network_profile(cfg.network)
-        _check_stragglers(cfg, Stragglers.parse(cfg.stragglers))
-        if cfg.compute_profile not in DEVICES:
-            if not cfg.compute_profile.endswith(".json"):
-                raise CostModelError(
-                    f"compute_profile={cfg.compute_profile!r} is unknown; allowed: "
-                    f"{choices(tuple(DEVICES))} or a calibration .json file"
-                )
-            compute_profile(cfg.compute_profile, cfg.model, flops_per_sample=0)
-    except CostModelError as exc:
-        raise ConfigError(str(exc)) from None

@@ -27,9 +27,9 @@ class PeerLostError(RunError):
     """A message was awaited from a peer that died before sending it (tolerant strategies
     catch it and go on without that peer)."""
 
-    def __init__(self, message: str, peer: int) -> None:
+    def __init__(self, message: str, peer: int = -1) -> None:
         super().__init__(message)
-        self.peer = peer
+        self.peer = peer  # -1: not known (the error re-raised with more context)
 
 
 class WorkerKilled(BaseException):

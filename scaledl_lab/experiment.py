@@ -94,6 +94,12 @@ class Results:
 
         return plots.summary_table(self.frame)
 
+    def warnings(self) -> list[str]:
+        """Runs that ended near chance or whose loss exploded, each with its likely cause."""
+        from .health import run_warnings
+
+        return run_warnings(self.summary(), self.configs)
+
     def save(self, out_dir: str | os.PathLike[str]) -> Path:
         """Write metrics.csv/.parquet, config.json, PNG plots and summary.md into ``out_dir``."""
         from . import plots
@@ -105,6 +111,9 @@ class Results:
         write_config(out, self.configs)
         plots.save_standard_plots(self.frame, out)
         text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
+        warnings = self.warnings()
+        if warnings:
+            text += "\n## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings)
         if len(self.events):
             text += self._save_pipeline(out)
         (out / "summary.md").write_text(text)

@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import load_rank, load_servers
 from .config import ExperimentConfig
-from .cost import build_cost_model
+from .cost import Stragglers, build_cost_model
 from .metrics import Row, record
 from .models import model_flops
 from .runtime.base import Comm, Emit, Launch, Outcome
@@ -75,6 +75,7 @@ def launch_for(
         tolerates_worker_loss=strategy.survives_worker_loss(cfg),
         device=cfg.device,
         timeout_s=cfg.timeout_s,
+        stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed) if cfg.stragglers else None,
     )
 
 

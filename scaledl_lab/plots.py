@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -45,9 +46,29 @@ def _runs(frame: pd.DataFrame) -> list[str]:
     return list(pd.unique(frame["run"]))
 
 
-def _colours(frame: pd.DataFrame) -> dict[str, str]:
-    # One colour per run for the whole frame, so a run looks the same in every figure.
-    return {run: f"C{i % 10}" for i, run in enumerate(_runs(frame))}
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def method_of(run: str) -> tuple[str, str]:
+    """(method, variant) of a run named "method · variant …": "nnt-torus · sim · 16w" is
+    method "nnt-torus", variant "sim · 16w"; a name without " · " is its own method."""
+    method, _, variant = str(run).partition(" · ")
+    return method, variant
+
+
+def line_styles(frame: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """(colour, line style) of every run: one colour per method and one line style per variant,
+    in order of first appearance, so a method looks the same in every figure of the frame."""
+    methods: dict[str, int] = {}
+    variants: dict[str, int] = {}
+    out = {}
+    for run in _runs(frame):
+        method, variant = method_of(run)
+        m = methods.setdefault(method, len(methods))
+        v = variants.setdefault(variant, len(variants))
+        colour = f"C{m}" if m < 10 else matplotlib.colormaps["tab20b"](m % 20)
+        out[run] = (colour, LINE_STYLES[v % len(LINE_STYLES)])
+    return out
 
 
 def _new_axes(ax: Axes | None) -> tuple[Figure, Axes]:
@@ -93,11 +114,13 @@ def plot_curves(
     kind: str = "test",
     ax: Axes | None = None,
     title: str | None = None,
+    styles: dict[str, tuple[str, str]] | None = None,
 ) -> Figure:
     """One line per run of `metric` against `x` for the `kind` rows (train, val or test).
 
     When several ranks evaluated the same run at the same epoch, the line is their mean and a
-    shaded band spans their min and max.
+    shaded band spans their min and max. Colours and line styles: :func:`line_styles` of
+    `frame` (or `styles`, to share them between figures of different frames).
     """
     _choice(metric, METRICS, "metric")
     _choice(x, X_AXES, "x")
@@ -107,10 +130,10 @@ def plot_curves(
     if rows.empty:
         raise ValueError(f"no rows with kind={kind!r} in the metrics frame")
     fig, ax = _new_axes(ax)
-    colours = _colours(frame)
+    styles = styles or line_styles(frame)
     for run in _runs(rows):
         run_rows = rows[rows["run"] == run]
-        colour = colours[run]
+        colour, style = styles[run]
         if kind == "train":
             curve = _train_curve(run_rows, metric, x)
         else:
@@ -118,7 +141,7 @@ def plot_curves(
             if (curve["n"] > 1).any():
                 ax.fill_between(curve["x"], curve["lo"], curve["hi"], color=colour, alpha=0.2)
         marker = "o" if kind != "train" and len(curve) <= 30 else None
-        ax.plot(curve["x"], curve["y"], label=str(run), color=colour, marker=marker, ms=3)
+        ax.plot(curve["x"], curve["y"], label=str(run), color=colour, ls=style, marker=marker, ms=3)
     ax.set_xlabel(_X_LABELS[x])
     ax.set_ylabel(f"{kind} {metric}")
     ax.set_title(title if title is not None else f"{kind} {metric} vs {_X_LABELS[x]}")
@@ -164,9 +187,9 @@ def plot_throughput(frame: pd.DataFrame, ax: Axes | None = None) -> Figure:
     """Bar chart of steady-state samples/s per run (all workers together), see `throughput`."""
     table = throughput(frame)
     fig, ax = _new_axes(ax)
-    colours = _colours(frame)
+    styles = line_styles(frame)
     labels = [str(r) for r in table["run"]]
-    ax.bar(labels, table["samples_per_s"], color=[colours[r] for r in table["run"]])
+    ax.bar(labels, table["samples_per_s"], color=[styles[r][0] for r in table["run"]])
     ax.set_xlabel("run")
     ax.set_ylabel("samples/s (steady state, all workers)")
     ax.set_title("throughput")
@@ -244,7 +267,8 @@ def _fmt_bytes(value: float) -> str:
 def summary_markdown(frame: pd.DataFrame) -> str:
     """`summary_table` as a GitHub markdown table with human-readable numbers."""
     table = summary_table(frame)
-    header = ["run", "strategy", "runtime", "workers", "epochs", "test acc", "best val acc"]
+    header = ["run", "strategy", "runtime", "workers", "epochs", "test acc (mean of workers)"]
+    header += ["val acc (best epoch, mean of workers)"]
     header += ["test loss", "time (s)", "samples/s", "sent/worker/step", "staleness"]
     compressed = bool((table["compression_ratio"].fillna(1.0) != 1.0).any())
     header += ["compression"] if compressed else []
@@ -282,9 +306,21 @@ def save_standard_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     kinds = set(frame["kind"])
     kind = "test" if "test" in kinds else "val" if "val" in kinds else "train"
     figures: list[tuple[str, Figure]] = []
+    styles = line_styles(frame)
+    runtimes = list(dict.fromkeys(frame["runtime"].dropna())) if "runtime" in frame else []
     for x in ("epoch", "time"):
         for metric in ("accuracy", "loss"):
-            fig = plot_curves(frame, metric=metric, x=x, kind=kind)
+            if x == "time" and len(runtimes) > 1:
+                # Wall-clock and virtual time do not share an axis: one panel per runtime.
+                fig = Figure(figsize=(6.4 * len(runtimes), 4.2), layout="constrained")
+                for ax, runtime in zip(fig.subplots(1, len(runtimes)), runtimes, strict=True):
+                    part = frame[frame["runtime"] == runtime]
+                    clock = "virtual" if runtime == "sim" else "wall-clock"
+                    title = f"{kind} {metric} vs {clock} time ({runtime})"
+                    plot_curves(part, metric=metric, x=x, kind=kind, ax=ax, title=title,
+                                styles=styles)  # fmt: skip
+            else:
+                fig = plot_curves(frame, metric=metric, x=x, kind=kind, styles=styles)
             figures.append((f"{metric}_vs_{x}.png", fig))
     figures.append(("throughput.png", plot_throughput(frame)))
     paths = []

@@ -333,3 +333,67 @@ def test_claims_without_their_runs_are_left_out():
     no_torus = table[table["topology"].fillna("") != "torus:4x4"]
     texts = claims.verdicts(no_torus)
     assert len(texts) == 1 and STALE in texts[0]
+
+
+def _seeded(accs: dict[str, list[float]], **changes):
+    """``_table`` with each method of ``accs`` run once per listed accuracy (one seed each)."""
+    table = _table(**changes)
+    rows = []
+    for r in table.to_dict("records"):
+        for seed, acc in enumerate(accs.get(r["run"], [r["test_acc_best_worker"]])):
+            rows.append({**r, "run": f"{r['run']} · seed {seed}", "test_acc_best_worker": acc})
+    return pd.DataFrame(rows)
+
+
+def test_decide_says_inconclusive_inside_the_seed_spread():
+    assert claims.decide(True, distance=-3.0, spread=1.0) == "**supported**"
+    assert claims.decide(False, distance=3.0, spread=1.0) == "**not supported**"
+    assert claims.decide(True, distance=-0.5, spread=1.0) == "**inconclusive**"
+    assert claims.decide(False, distance=0.5, spread=0.0) == "**not supported**"  # one seed
+    assert claims.decide(True, distance=0.0, spread=math.nan) == "**supported**"
+
+
+def test_seeds_are_averaged_and_a_gap_inside_their_spread_is_inconclusive():
+    # allreduce 80 ± 1, torus 77 ± 1 (3 seeds): a 3-point gap, 1 point beyond the 2-point
+    # threshold, inside the 2-point spread (the two sds added): inconclusive.
+    accs = {"allreduce": [0.79, 0.80, 0.81], "nnt-torus": [0.76, 0.77, 0.78]}
+    v = _verdict(_seeded(accs), ACCURACY)
+    assert "same epochs): **inconclusive** — torus 77.00% ± 1.0, 3.0 points behind " in v
+    assert "allreduce (80.00% ± 1.0)." in v
+    tight = {"allreduce": [0.80, 0.80, 0.80], "nnt-torus": [0.77, 0.77, 0.77]}
+    assert "**not supported** — torus 77.00% ± 0.0, 3.0 points behind" in _verdict(
+        _seeded(tight), ACCURACY
+    )
+    wide_async = {"allreduce": [0.78, 0.80, 0.82], "ps-async": [0.77, 0.79, 0.81]}
+    assert "**inconclusive** — 79.00% ± 2.0, 1.0 points behind" in _verdict(
+        _seeded(wide_async), STALE
+    )
+
+
+def test_the_learning_rate_is_chosen_on_validation_per_method():
+    table = _table()
+    rows = []
+    for r in table.to_dict("records"):
+        for factor, val, test in (("1/3", 0.70, 0.71), ("1", 0.80, 0.79), ("3", 0.75, 0.90)):
+            name = f"{r['run']} · lr×{factor}"
+            rows.append(
+                {**r, "run": name, "val_acc_best_worker": val, "test_acc_best_worker": test}
+            )
+    chosen = claims.by_method(pd.DataFrame(rows))
+    assert len(chosen) == len(table)
+    assert chosen["run"].str.endswith(" · lr×1").all()  # best on val, not on test
+    assert (chosen["test_acc_best_worker"] == 0.79).all()
+
+
+def test_straggler_verdict_reads_the_other_workers_step_rates_where_measured():
+    table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.98,
+                      "allreduce-straggler.others_rate_kept": 0.397})  # fmt: skip
+    lead = table[table["run"] == "nnt-torus-straggler"].assign(
+        run="nnt-torus-straggler · lead 4", others_rate_kept=0.57
+    )
+    v = _verdict(pd.concat([table, lead], ignore_index=True), COUPLED)
+    assert "(the other workers keep at least 90% of their step rate): **supported** — with " in v
+    assert "rank 5 4× slower, the others keep 98.0% of their step rate with NNT torus (57.0% " in v
+    assert "with nnt-torus-straggler · lead 4), 39.7% with allreduce; an epoch of the whole " in v
+    table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.6})
+    assert "step rate): **not supported** — with rank 5" in _verdict(table, COUPLED)

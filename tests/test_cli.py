@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from scaledl_lab.cli import main
 from scaledl_lab.data import locate, write_cifar10_fixture
@@ -77,8 +78,8 @@ def test_bad_config_exits_with_message(capsys):
 def test_unknown_benchmark(capsys):
     assert main(["bench", "nope"]) == 2
     assert (
-        "unknown benchmark 'nope'; available: async, compression, gpu, pipeline, sharpness, "
-        "sim_cost, sim_fidelity, sync_sgd, tensor_parallel" in (capsys.readouterr().err)
+        "unknown benchmark 'nope'; available: async, compression, gpu, nnt_straggler, pipeline, "
+        "sharpness, sim_cost, sim_fidelity, sync_sgd, tensor_parallel" in (capsys.readouterr().err)
     )
 
 
@@ -127,6 +128,26 @@ def test_run_writes_results_folder(tmp_path, capsys):
     assert loaded.configs[0].max_steps == 8 and len(loaded.frame) == len(frame)
 
 
+@pytest.mark.parametrize(
+    "given,lead", [("unbounded", None), ("none", None), ("0", 0), ("4", 4), (None, None)]
+)
+def test_nnt_max_lead_reads_a_count_or_unbounded(given, lead):
+    from scaledl_lab.cli import _config_from_args, _parser
+
+    argv = ["run", "--strategy", "nnt", "--runtime", "sim", "--model", "mlp"]
+    args = _parser().parse_args(argv + (["--nnt-max-lead", given] if given else []))
+    assert _config_from_args(args).nnt_max_lead == lead
+
+
+def test_nnt_max_lead_refuses_a_negative_or_a_word(capsys):
+    for bad in ("-1", "soon"):
+        with pytest.raises(SystemExit):
+            main(["run", "--strategy", "nnt", "--runtime", "sim", "--nnt-max-lead", bad])
+        err = capsys.readouterr().err
+        assert f"argument --nnt-max-lead: {bad!r} is neither a non-negative integer nor " in err
+        assert "'unbounded'" in err
+
+
 def test_run_passes_every_option_to_the_config(tmp_path, capsys):
     out = tmp_path / "res"
     argv = [
@@ -148,3 +169,17 @@ def test_run_passes_every_option_to_the_config(tmp_path, capsys):
     train = frame[frame.kind == "train"]
     assert set(train["samples"]) == {16} and sorted(train["rank"].unique()) == [0, 1, 2]
     assert sorted(frame[frame.kind == "server"]["rank"]) == [3, 4]  # two shards
+
+
+def test_reproduce_long_runs_the_long_comparison(tmp_path, monkeypatch, capsys):
+    from scaledl_lab import long_run
+
+    calls = []
+
+    def fake(*, out):
+        calls.append(out)
+        (tmp_path / "summary.md").write_text("# long\n")
+
+    monkeypatch.setattr(long_run, "reproduce_long", fake)
+    assert main(["reproduce", "--long", "--out", str(tmp_path)]) == 0
+    assert calls == [str(tmp_path)] and "# long" in capsys.readouterr().out

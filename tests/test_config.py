@@ -117,8 +117,11 @@ def test_every_implemented_strategy_has_a_registered_program():
 
 def test_strategy_options_are_typed_fields():
     assert ExperimentConfig(strategy="nnt", runtime="sim", nnt_max_lead=0).nnt_max_lead == 0
-    with pytest.raises(ConfigError, match=r"nnt_max_lead=-1 must be a non-negative integer"):
-        ExperimentConfig(strategy="nnt", nnt_max_lead=-1)
+    assert ExperimentConfig(strategy="nnt").nnt_max_lead is None  # unbounded, as FAST
+    message = r"must be a non-negative integer, or None for unbounded \(FAST's never-waiting NNT\)"
+    for bad in (-1, 2.5, True, "4"):
+        with pytest.raises(ConfigError, match=rf"nnt_max_lead={bad!r} {message}"):
+            ExperimentConfig(strategy="nnt", nnt_max_lead=bad)
     # Results saved while options travelled in an untyped dict still load.
     legacy = {**ExperimentConfig(model="mlp").to_dict(), "extra": {}}
     assert ExperimentConfig.from_dict(legacy) == ExperimentConfig(model="mlp")

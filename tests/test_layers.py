@@ -14,18 +14,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "scaledl_lab"
 # modules of its own layer or below; imports within a layer must not form a cycle.
 LAYERS: dict[str, int] = {
     "errors": 0, "contract": 0,
-    "config": 1, "topology": 1, "models": 1, "data": 1, "cost": 1, "metrics": 1, "params": 1,
+    "config": 1, "topology": 1, "models": 1, "data": 1, "cost": 1, "cost_checks": 1, "metrics": 1,
+    "params": 1,
     "cluster": 1, "partition": 1, "plan": 1, "large_batch": 1, "large_batch_checks": 1, "optim": 1,
     "compression": 1, "faults": 1, "checkpoint": 1, "environment": 1,
     "runtime": 2,
     "worker": 3, "snapshots": 3,
     "strategies": 4,
     "launch": 5, "analysis": 5, "claims": 5, "gantt": 5, "diagrams": 5, "reference": 5, "plots": 5,
-    "sharpness": 5, "large_batch_report": 5,
+    "sharpness": 5, "large_batch_report": 5, "health": 5,
     "experiment": 6,
     "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
-    "cli_large_batch": 7, "large_batch_study": 7, "compression_study": 7, "compression_report": 7,
-    "resume": 7,
+    "cli_large_batch": 7, "cli_options": 7, "large_batch_study": 7, "compression_study": 7,
+    "compression_report": 7,
+    "resume": 7, "long_run": 7,
 }  # fmt: skip
 
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from common import SMALL, max_diff
 
-from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.analysis import best_worker
+from scaledl_lab import ExperimentConfig, run, topology
+from scaledl_lab.analysis import best_worker, step_rates
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.worker import load_for
 
@@ -78,7 +78,7 @@ def test_lockstep_on_torus_is_deterministic():
         assert max_diff(a.state_dict(rank=rank), b.state_dict(rank=rank)) == 0.0
 
 
-def test_never_waiting_nnt_applies_every_message_with_bounded_staleness():
+def test_bounded_nnt_applies_every_message_with_bounded_staleness():
     cfg = ExperimentConfig(
         strategy="nnt",
         runtime="sim",
@@ -86,6 +86,7 @@ def test_never_waiting_nnt_applies_every_message_with_bounded_staleness():
         model="mlp",
         stragglers="slow:1:4",
         network="100g-ib",
+        nnt_max_lead=4,
         **SMALL,
     )
     res = run(cfg, progress=False)
@@ -157,3 +158,81 @@ def test_nnt_on_dask_drains_every_message(client):
     assert [o["messages_applied"] for o in res.outputs[cfg.label]] == [{1: 20}, {0: 20}]
     train = res.frame.query("kind == 'train'")
     assert (train["bytes_sent"] == train["bytes_sent"].iloc[0]).all()
+
+
+# 16 workers on a 4x4 torus, 8 steps per epoch, 2 epochs: seconds on the simulator.
+TORUS = dict(
+    strategy="nnt", runtime="sim", workers=16, topology="torus:4x4", model="cnn1d",
+    dataset="mnist1d", train_subset=16 * 16 * 8, test_subset=160, val_size=160, batch_size=16,
+    epochs=2, optimizer="adagrad", lr=0.01, momentum=0.0,
+)  # fmt: skip
+
+
+def test_unbounded_nnt_never_waits_for_a_ten_times_slower_neighbour():
+    """FAST's NNT: with rank 5 ten times slower the other 15 keep their step rate (virtual
+    time); a lead bound of 4 makes its neighbours wait. Every message is applied exactly once."""
+    even_cfg = ExperimentConfig(**TORUS)
+    assert even_cfg.nnt_max_lead is None  # the default is FAST's: unbounded
+    kept = {}
+    for lead in (None, 4):
+        even = run(even_cfg.replace(nnt_max_lead=lead), progress=False)
+        slow = run(even_cfg.replace(nnt_max_lead=lead, stragglers="slow:5:10"), progress=False)
+        ratio = step_rates(slow.frame) / step_rates(even.frame)
+        kept[lead] = ratio.drop(5).min()
+        if lead is None:
+            assert ratio[5] < 0.2  # the straggler itself (its messages still take their time)
+        for rank, out in enumerate(slow.outputs[even_cfg.label]):
+            neighbours = topology.neighbours("torus:4x4", 16, rank)
+            assert out["messages_applied"] == dict.fromkeys(neighbours, 16)
+    assert kept[None] >= 0.9
+    assert kept[4] < 0.9
+
+
+def test_unbounded_nnt_measures_consensus_without_synchronising():
+    """Epoch boundaries are no synchronisation point: each worker logs its own evaluation at
+    its own time; the consensus rows come from the weights kept at each boundary."""
+    cfg = ExperimentConfig(**{**TORUS, "stragglers": "slow:5:10"})
+    frame = run(cfg, progress=False).frame
+    val = frame.query("kind == 'val' and step == 8").set_index("rank")["time"]
+    assert val[5] > 2 * val.drop(5).max()  # the others did not wait for rank 5
+    consensus = frame.query("kind == 'consensus'")
+    assert list(consensus["step"]) == [8, 16] and (consensus["value"] > 0).all()
+    assert val[0] <= consensus["time"].iloc[0] < val[5]  # rank 0's own boundary
+
+
+def test_unbounded_nnt_on_dask_with_a_straggler_applies_every_message(client):
+    """Two real workers, rank 1 slowed by a sleep per step, 1,000 steps: no deadlock, every
+    message taken off the wire by the receiver thread and applied exactly once."""
+    cfg = ExperimentConfig(
+        strategy="nnt", workers=2, model="cnn1d", dataset="mnist1d", batch_size=8, epochs=2,
+        train_subset=8000, test_subset=100, val_size=100, optimizer="adagrad", lr=0.01,
+        momentum=0.0, stragglers="slow:1:2",
+    )  # fmt: skip
+    res = run(cfg, client=client, progress=False)
+    train = res.frame.query("kind == 'train'")
+    assert train.groupby("rank")["step"].max().tolist() == [1000, 1000]
+    outs = res.outputs[cfg.label]
+    assert outs[0]["messages_applied"] == {1: 1000} and outs[1]["messages_applied"] == {0: 1000}
+
+
+@pytest.mark.parametrize("strategy", ["nnt-lockstep", "nnt"])
+def test_the_simulator_charges_every_neighbour_gradient_it_applies(tmp_path, strategy):
+    """Each application of a neighbour's gradient (its copy out of the receive buffer and the
+    optimiser step) costs the profile's apply_per_byte_s × its bytes of virtual time."""
+    from scaledl_lab.cost import NETWORKS, ComputeProfile, save_calibration
+
+    cfg = ExperimentConfig(
+        strategy=strategy, runtime="sim", workers=2, model="mlp", nnt_max_lead=0, **SMALL
+    )
+    ends = {}
+    for per_byte in (0.0, 1e-9):
+        profile = ComputeProfile("calibrated:mlp", 1e-3, 1e-5, apply_per_byte_s=per_byte)
+        path = save_calibration(
+            tmp_path / f"{per_byte}.json", {"mlp": profile}, NETWORKS["loopback"], {}
+        )
+        res = run(cfg.replace(compute_profile=str(path)), progress=False)
+        ends[per_byte] = res.frame.query("kind == 'train' and rank == 0")["time"].max()
+        applied = sum(res.outputs[cfg.label][0]["messages_applied"].values())
+    model_bytes = 4 * (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10)
+    assert applied == 20
+    assert ends[1e-9] - ends[0.0] == pytest.approx(20 * model_bytes * 1e-9, rel=1e-6)

@@ -216,3 +216,36 @@ def test_errors_on_empty_or_incomplete_frames(frame: pd.DataFrame, tmp_path) -> 
         plot_curves(frame[frame["kind"] == "train"])
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['samples'\]"):
         throughput(frame.drop(columns="samples"))
+
+
+def test_one_colour_per_method_and_one_line_style_per_variant():
+    from scaledl_lab.plots import line_styles
+
+    runs = [
+        "allreduce · dask · 1w", "allreduce · dask · 2w", "nnt-torus · sim · 16w",
+        "allreduce · sim · 16w", "nnt-torus · sim · 16w · straggler", "single",
+    ]  # fmt: skip
+    frame = pd.DataFrame({"run": runs, "kind": "test"})
+    styles = line_styles(frame)
+    assert styles["allreduce · dask · 1w"][0] == styles["allreduce · sim · 16w"][0] == "C0"
+    assert styles["nnt-torus · sim · 16w"][0] == styles["nnt-torus · sim · 16w · straggler"][0]
+    assert styles["nnt-torus · sim · 16w"][0] != "C0" and styles["single"][0] == "C2"
+    # The same variant draws the same line style whatever the method.
+    assert styles["nnt-torus · sim · 16w"][1] == styles["allreduce · sim · 16w"][1]
+    assert len({styles[r][1] for r in runs[:5]}) == 4
+
+
+def test_real_and_simulated_runs_get_separate_time_panels(tmp_path):
+    rows = []
+    for run, runtime, scale in (("a · dask · 2w", "dask", 10.0), ("a · sim · 16w", "sim", 0.1)):
+        for epoch in (1, 2):
+            rows.append(dict(run=run, runtime=runtime, kind="test", rank=0, epoch=epoch,
+                             step=epoch, time=scale * epoch, accuracy=0.5, loss=1.0,
+                             samples=10))  # fmt: skip
+    from matplotlib.image import imread
+
+    from scaledl_lab.plots import save_standard_plots
+
+    paths = {p.name: p for p in save_standard_plots(pd.DataFrame(rows), tmp_path)}
+    wide, narrow = imread(paths["accuracy_vs_time.png"]), imread(paths["accuracy_vs_epoch.png"])
+    assert wide.shape[1] == 2 * narrow.shape[1]  # two panels: dask, sim

@@ -19,11 +19,41 @@ def test_quick_comparison_has_the_papers_runs():
     assert {c.workers for c in sim} == {16}
     assert {c.topology for c in sim if c.strategy == "nnt"} == {"ring", "torus:4x4"}
     assert {c.servers for c in sim if c.strategy.startswith("ps-")} == {8}
-    assert sum(bool(c.stragglers) for c in configs) == 3
-    # One setting for every run: same data, model, epochs, batch and optimiser.
-    assert (
-        len({(c.dataset, c.model, c.epochs, c.batch_size, c.optimizer, c.lr) for c in configs}) == 1
-    )
+    assert sum(bool(c.stragglers) for c in configs) == 4
+    # The paper's optimisers: NNT with AdaGrad 0.01 / 1e-4, the baselines with Adam 1e-3.
+    paper = [c for c in configs if "same optimiser" not in c.label]
+    settings = {c.strategy: (c.optimizer, c.lr, c.weight_decay) for c in paper}
+    assert settings["nnt"] == ("adagrad", 0.01, 1e-4)
+    assert {v for k, v in settings.items() if k != "nnt"} == {("adam", 1e-3, 0.0)}
+    # Same data, model, epochs and batch for every run.
+    assert len({(c.dataset, c.model, c.epochs, c.batch_size) for c in configs}) == 1
+    same = {c.label: (c.strategy, c.optimizer) for c in configs if "same optimiser" in c.label}
+    assert same == {
+        "nnt-torus · sim · 16w · same optimiser": ("nnt", "adam"),
+        "allreduce · sim · 16w · same optimiser": ("allreduce", "adagrad"),
+    }
+    # Both NNT variants with the straggler: FAST's (unbounded) and a lead bound of 4.
+    leads = {c.nnt_max_lead for c in configs if c.stragglers and c.strategy == "nnt"}
+    assert leads == {None, 4}
+
+
+def test_seeds_and_the_learning_rate_grid_repeat_the_chosen_simulated_runs():
+    configs = rp.paper_configs(is_quick=True, seeds=(0, 1, 2), lr_factors=rp.LR_GRID)
+    torus = [c for c in configs if c.label.startswith("nnt-torus · sim · 16w · lr")]
+    assert [c.label for c in torus[:4]] == [
+        "nnt-torus · sim · 16w · lr×1/3 · seed 0",
+        "nnt-torus · sim · 16w · lr×1/3 · seed 1",
+        "nnt-torus · sim · 16w · lr×1/3 · seed 2",
+        "nnt-torus · sim · 16w · lr×1 · seed 0",
+    ]
+    assert sorted({(c.lr, c.seed) for c in torus}) == [
+        (0.01 * f, s) for f in rp.LR_GRID for s in (0, 1, 2)
+    ]
+    assert rp.LR_GRID == (1 / 3, 1.0, 3.0)
+    ring = [c for c in configs if c.label.startswith("nnt-ring · sim")]
+    assert {c.seed for c in ring} == {0} and len(ring) == 3  # one seed, three rates
+    quick = rp.paper_configs(is_quick=True, seeds=rp.QUICK_SEEDS)
+    assert len(quick) == len(rp.paper_configs(is_quick=True)) + 2 * 2  # 2 methods × 2 seeds
 
 
 def test_the_traffic_sweep_runs_nnt_and_a_server_at_growing_n_for_two_steps():

@@ -173,9 +173,10 @@ def test_bad_cost_model_input(changes, message):
         ExperimentConfig(runtime="sim", **changes)
 
 
-def test_stragglers_on_real_workers_are_refused_before_any_work(capsys):
-    with pytest.raises(ConfigError, match=r"stragglers='slow:1:2' apply to the simulated runtime"):
-        ExperimentConfig(runtime="dask", stragglers="slow:1:2")
+def test_stragglers_outside_the_run_are_refused_before_any_work(capsys):
+    ExperimentConfig(runtime="dask", stragglers="slow:1:2")  # real workers sleep instead
+    with pytest.raises(ConfigError, match=r"stragglers='slow:2:2': rank 2 is not a worker"):
+        ExperimentConfig(runtime="dask", stragglers="slow:2:2")
     from scaledl_lab.cli import main
 
     code = main(["run", "--runtime", "sim", "--workers", "2", "--stragglers", "slow:9:2"])

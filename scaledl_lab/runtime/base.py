@@ -69,6 +69,39 @@ class Incoming(abc.ABC):
     async def wait(self) -> torch.Tensor: ...
 
 
+class Mailbox:
+    """Every message ``src`` sends this worker, taken as it arrives and queued without bound, so
+    the sender never waits for this worker to be ready (FAST's receiving side).
+
+    This default keeps one receive posted, which suffices where sends never wait for their
+    receiver (the simulator queues messages); the Dask runtime takes them in a thread.
+    ``taken`` counts the messages handed out; ``total`` are expected.
+    """
+
+    def __init__(self, comm: Comm, src: int, like: torch.Tensor, total: int) -> None:
+        self.comm, self.src, self.like, self.total = comm, src, like, total
+        self.taken = 0
+        self._posted: Incoming | None = None
+        self._post()
+
+    def _post(self) -> None:
+        more = self.taken < self.total
+        self._posted = self.comm.irecv(torch.empty_like(self.like), self.src) if more else None
+
+    def ready(self) -> bool:
+        """True if a message is waiting (never blocks)."""
+        return self._posted is not None and self._posted.ready()
+
+    async def get(self) -> torch.Tensor:
+        """The next message, waiting for it if none has arrived."""
+        if self._posted is None:
+            raise RunError(f"all {self.total} messages from rank {self.src} were taken already")
+        message = await self._posted.wait()
+        self.taken += 1
+        self._post()
+        return message
+
+
 class Comm(abc.ABC):
     """What a worker may do with its peers. Every method is awaited, so a runtime may suspend."""
 
@@ -128,6 +161,11 @@ class Comm(abc.ABC):
     def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
         """Post a receive of the next message from ``src`` into ``tensor``."""
 
+    def mailbox(self, src: int, like: torch.Tensor, total: int) -> Mailbox:
+        """Start taking the ``total`` messages ``src`` will send (each shaped as ``like``) off the
+        wire as they arrive; see :class:`Mailbox`."""
+        return Mailbox(self, src, like, total)
+
     async def send(self, tensor: torch.Tensor, dst: int) -> None:
         await self.isend(tensor, dst).wait()
 
@@ -183,6 +221,13 @@ class Comm(abc.ABC):
         """
         yield
 
+    @contextlib.asynccontextmanager
+    async def applying(self, nbytes: int) -> AsyncIterator[None]:
+        """Mark applying a received gradient of ``nbytes`` parameter bytes (its copy out of the
+        receive buffer and an optimiser step); the simulated runtime charges it from its cost
+        model, wall-clock runtimes need nothing."""
+        yield
+
 
 Emit = Callable[[dict[str, Any]], None]
 Group = tuple[int, ...]  # the ranks of a group, sorted
@@ -214,6 +259,7 @@ class Launch:
     tolerates_worker_loss: bool = False
     device: str = "auto"
     timeout_s: float = 60.0
+    stragglers: Any = None  # cost.Stragglers: the Dask runtime injects them as sleeps
 
 
 @dataclass

@@ -167,6 +167,7 @@ def run_rank(
                 device=where,
                 before_exit=sink.flush,
                 lost_ranks=f"{queue_name}-lost" if launch.tolerates_worker_loss else None,
+                stragglers=launch.stragglers,
             )
             try:
                 return asyncio.run(launch.program(comm, where, sink.emit))

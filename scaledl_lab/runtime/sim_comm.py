@@ -152,6 +152,12 @@ class SimComm(Comm):
         self.steps += 1
         await _Await(Sleep(self.rank, self.clock + cost))
 
+    @contextlib.asynccontextmanager
+    async def applying(self, nbytes: int) -> AsyncIterator[None]:
+        yield
+        cost = self.world.cost.apply_time(self.rank, self.world_size, nbytes)
+        await _Await(Sleep(self.rank, self.clock + cost))
+
     def allreduce_start(
         self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
     ) -> Pending:

@@ -10,11 +10,11 @@ never needs to know where it runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,126 +23,10 @@ import torch
 import torch.distributed as dist
 
 from ..cost import allgather_bytes, ring_allreduce_bytes
-from ..errors import PeerLostError, RunError, ServerLostError
-from .base import Comm, Group, Incoming, Pending, tensor_bytes
+from ..errors import RunError, ServerLostError
+from .base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
 from .survivors import LostRanks, star_allreduce, star_broadcast
-
-
-class _Done(Pending):
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    async def wait(self) -> torch.Tensor:
-        return self.tensor
-
-
-class _Work(Pending):
-    """A started operation on ``staged`` (``tensor`` itself, or its device copy)."""
-
-    def __init__(self, work: Any, tensor: torch.Tensor, staged: torch.Tensor | None = None) -> None:
-        self.work, self.tensor = work, tensor
-        self.staged = tensor if staged is None else staged
-
-    async def wait(self) -> torch.Tensor:
-        self.work.wait()
-        if self.staged is not self.tensor:
-            self.tensor.copy_(self.staged)
-        return self.tensor
-
-
-class _Failed:
-    """The work of a receive that could not even be posted: waiting raises its error."""
-
-    def __init__(self, exc: RuntimeError) -> None:
-        self.exc = exc
-
-    def wait(self) -> None:
-        raise self.exc
-
-
-class _Sent(Pending):
-    """A posted send; in a run that tolerates worker loss, one to a dead peer is dropped."""
-
-    def __init__(self, comm: TorchComm, work: Any, peer: int, staged: torch.Tensor) -> None:
-        self.comm, self.work, self.peer = comm, work, peer
-        self.staged = staged  # kept alive until the send completes
-
-    async def wait(self) -> None:
-        try:
-            self.work.wait()
-        except RuntimeError as exc:
-            self.comm.peer_lost(self.peer, exc)
-
-
-class _Posted(Incoming):
-    """A posted gloo receive. Gloo's recv work reports ``is_completed()`` only after ``wait()``
-    (and has no future), so the first ``ready()`` starts a helper thread that waits for it."""
-
-    def __init__(
-        self, work: Any, tensor: torch.Tensor, comm: TorchComm, peer: int,
-        staged: torch.Tensor | None = None,
-    ) -> None:  # fmt: skip
-        self.work, self.tensor, self.comm, self.peer = work, tensor, comm, peer
-        self.staged = tensor if staged is None else staged
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def _wait_in_thread(self) -> None:
-        try:
-            self.work.wait()
-        except BaseException as exc:  # re-raised by wait() in the worker's own thread
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def ready(self) -> bool:
-        if self.staged.is_cuda:  # NCCL: the work's CUDA event says when the data is there
-            return self.work.is_completed()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._wait_in_thread, daemon=True)
-            self._thread.start()
-        return self._done.is_set() and self._error is None  # a failed one: see wait()
-
-    async def wait(self) -> torch.Tensor:
-        try:
-            if self._thread is None:
-                self.work.wait()
-            else:
-                self._thread.join()
-                if self._error is not None:
-                    raise self._error
-        except RuntimeError as exc:
-            self.comm.peer_lost(self.peer, exc)
-            raise PeerLostError(f"rank {self.peer} died before sending", self.peer) from None
-        if self.staged is not self.tensor:
-            self.tensor.copy_(self.staged)
-        return self.tensor
-
-
-class _ActorCall(Pending):
-    def __init__(self, comm: TorchComm, server: int, future: Any) -> None:
-        self.comm, self.server, self.future = comm, server, future
-
-    async def wait(self) -> Any:
-        try:
-            value = self.future.result(timeout=self.comm.timeout_s)
-        except Exception as exc:  # a dead host: OSError, CommClosedError or the timeout
-            raise self.comm.server_lost(
-                self.server, f"did not answer within {self.comm.timeout_s:g} s", exc
-            ) from None
-        return self.comm.to_device(value)
-
-
-def _moved(value: Any, device: torch.device) -> Any:
-    """``value`` with its tensors on ``device`` (tuples, lists and dicts walked)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_moved(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
-    return value
+from .torch_work import _ActorCall, _Done, _Failed, _moved, _Posted, _Sent, _ThreadMailbox, _Work
 
 
 class TorchComm(Comm):
@@ -164,6 +48,7 @@ class TorchComm(Comm):
         device: torch.device | None = None,
         before_exit: Callable[[], None] = lambda: None,
         lost_ranks: str | None = None,
+        stragglers: Any = None,
     ) -> None:
         super().__init__(rank, world_size)
         # NCCL moves device tensors only; None: every tensor goes as it is (gloo, CPU).
@@ -172,6 +57,8 @@ class TorchComm(Comm):
         # Runs that go on when a worker dies: the driver's list of lost ranks, and ours.
         self.lost_view = LostRanks(lost_ranks) if lost_ranks else None
         self.lost: set[int] = set()
+        self.stragglers = stragglers  # cost.Stragglers, or None
+        self.steps = 0
         self.t0 = t0
         self.run_id = run_id
         self.servers = servers or []
@@ -222,6 +109,18 @@ class TorchComm(Comm):
         at once, as a crash would (its Dask worker is lost; a nanny may start a new one)."""
         self.before_exit()
         os._exit(1)
+
+    @contextlib.asynccontextmanager
+    async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:
+        """A straggler injected on a real worker: ``slow:RANK:FACTOR`` sleeps FACTOR − 1 times
+        the block's measured duration after it, ``hiccup`` adds its seeded pauses."""
+        start = time.perf_counter()
+        yield
+        if self.stragglers is not None:
+            factor = self.stragglers.factor(self.rank, self.world_size)
+            extra = (factor - 1) * (time.perf_counter() - start)
+            time.sleep(max(0.0, extra) + self.stragglers.hiccup(self.rank, self.steps))
+        self.steps += 1
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         group = super().new_group(ranks)
@@ -287,6 +186,9 @@ class TorchComm(Comm):
         except RuntimeError as exc:  # the peer's connection is already closed
             self.peer_lost(src, exc)
             return _Posted(_Failed(exc), tensor, self, src)
+
+    def mailbox(self, src: int, like: torch.Tensor, total: int) -> Mailbox:
+        return _ThreadMailbox(self, src, like, total)
 
     async def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.bytes_sent += tensor.numel() * tensor.element_size()

@@ -57,17 +57,23 @@ async def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:
     return distance.item() / size
 
 
-async def log_consensus(ctx: WorkerContext, model: nn.Module, step: int) -> float:
-    """Collective: the consensus distance, recorded by rank 0 as a ``kind="consensus"`` row."""
+async def log_consensus(
+    ctx: WorkerContext, model: nn.Module | torch.Tensor, step: int, time: float | None = None
+) -> float:
+    """Collective: the consensus distance, recorded by rank 0 as a ``kind="consensus"`` row.
+
+    ``model`` may be a copy of the weights each worker kept at its step ``step`` (at ``time``
+    on rank 0), for runs whose epoch boundaries are no synchronisation point."""
     sent_before = ctx.comm.bytes_sent
-    distance = await consensus_distance(ctx.comm, state_vector(model))
+    flat = model if isinstance(model, torch.Tensor) else state_vector(model)
+    distance = await consensus_distance(ctx.comm, flat)
     if ctx.rank == ctx.comm.survivors()[0]:  # rank 0 unless it died
         ctx.log(
             Row(
                 kind="consensus",
                 epoch=ctx.progress(step),
                 step=step,
-                time=ctx.comm.now(),
+                time=ctx.comm.now() if time is None else time,
                 bytes_sent=ctx.comm.bytes_sent - sent_before,
                 value=distance,
             )

@@ -14,14 +14,21 @@ that has arrived is applied with the same optimiser, one message at a time, as i
   on every worker, since the best worker's momentum belongs to its own trajectory). Before the
   restart each worker applies every gradient of the stage, so no stale gradient crosses it.
 
-Flow control (the one departure from FAST, needed on gloo, whose sends complete only once the
-receiver has posted the matching receive): a worker may run at most ``cfg.nnt_max_lead`` steps
-ahead of the messages it has received from a neighbour (the lock-step variant is lead 0), keeps
-``lead + 1`` receives posted and at most ``2·lead + 1`` sends in flight per neighbour.
-With that bound, whenever a worker waits for a send the receiver has already posted the receive,
-and waits for receives only point to workers that are behind: no deadlock. Every worker runs
-the same number of steps T (all shards have the same length), so it sends exactly T messages
-to each neighbour and, at the end, receives all T from each before its final evaluation.
+Receiving. By default (``cfg.nnt_max_lead=None``) a worker never waits for a neighbour, as in
+FAST: each neighbour's messages are taken off the wire as they arrive and queued without bound
+(:meth:`Comm.mailbox`: the simulator's mailboxes; on Dask a receiver thread per neighbour that
+keeps a gloo receive posted, since gloo's sends complete only once the receiver has posted the
+matching receive). Epoch boundaries are then no synchronisation point: each worker evaluates its
+own model at its own boundary and keeps a copy of its weights; the consensus distance of those
+copies is computed once all workers are done. With a bound ``cfg.nnt_max_lead = L`` (flow
+control, our departure from FAST; the lock-step variant is L = 0), a worker may run at most L
+steps ahead of the messages it has received from a neighbour, keeps ``L + 1`` receives posted and
+at most ``2·L + 1`` sends in flight per neighbour: whenever a worker waits for a send the
+receiver has already posted the receive, and waits for receives only point to workers that are
+behind, so no deadlock; epoch boundaries are synchronisation points (an allreduce measures the
+consensus). Every worker runs the same number of steps T (all shards have the same length), so
+it sends exactly T messages to each neighbour and, at the end, receives all T from each before
+its final evaluation.
 
 Rows: ``kind="train"`` per worker per step, with ``bytes_sent`` (degree × gradient bytes) and
 ``staleness`` (mean age in steps of the neighbour gradients applied after that step). At each
@@ -50,7 +57,7 @@ from ..params import flat_grad, load_state_vector, param_vector, state_vector, w
 from ..runtime.base import Comm, Incoming, Pending
 from ..worker import WorkerContext, lr_of
 from .compressed import message_codec
-from .decentralised import epoch_end, finish, local_gradient
+from .decentralised import epoch_end, finish, local_gradient, log_consensus
 from .registry import register
 
 
@@ -86,12 +93,51 @@ class Inbox:
                 elif not (greedy and incoming.ready()):
                     break
                 posted.popleft()
-                apply(buffer)  # used up before the buffer is posted again
+                await apply(buffer)  # used up before the buffer is posted again
                 applied.append(self.count[j])
                 self.count[j] += 1
                 if self.count[j] + len(posted) < self.total:
                     posted.append((buffer, self.comm.irecv(buffer, j)))
         return applied
+
+
+class Mailboxes:
+    """The unbounded receiving side: one :class:`Mailbox` per neighbour; same ``drain`` as
+    :class:`Inbox`, and no sender ever waits for this worker."""
+
+    def __init__(self, comm: Comm, neighbours: list[int], like: torch.Tensor, total: int) -> None:
+        self.neighbours, self.total = neighbours, total
+        self.boxes = {j: comm.mailbox(j, like, total) for j in neighbours}
+        self.dead: set[int] = set()  # neighbours that died: what they sent before is kept
+
+    @property
+    def count(self) -> dict[int, int]:
+        """Messages applied from each neighbour."""
+        return {j: box.taken for j, box in self.boxes.items()}
+
+    async def drain(self, apply: Any, *, need: int, greedy: bool) -> list[int]:
+        applied = []
+        for j, box in self.boxes.items():
+            while (
+                j not in self.dead
+                and box.taken < self.total
+                and (box.taken < need or (greedy and box.ready()))
+            ):
+                try:
+                    message = await box.get()
+                except PeerLostError:  # j died: drop it (the outbox shares the list)
+                    self.dead.add(j)
+                    self.neighbours.remove(j)
+                    break
+                applied.append(box.taken - 1)
+                await apply(message)
+        return applied
+
+
+# Unbounded NNT: sends a worker may have in flight before it waits for the oldest. Receivers
+# take every message as it arrives, so this caps the sender's memory, never couples it to a
+# neighbour's progress.
+SEND_WINDOW = 8
 
 
 class Outbox:
@@ -134,13 +180,24 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
     last = ctx.total_steps
     like = param_vector(params)
     codec = message_codec(ctx, params, copies=len(neighbours))  # None: uncompressed
-    inbox = Inbox(comm, neighbours, codec.wire_like() if codec else like, last, depth=lead + 1)
-    outbox = Outbox(comm, neighbours, window=2 * lead + 1)
+    wire = codec.wire_like() if codec else like
+    inbox: Inbox | Mailboxes
+    if lead is None:
+        inbox = Mailboxes(comm, neighbours, wire, last)
+        outbox = Outbox(comm, neighbours, window=SEND_WINDOW)
+    else:
+        inbox = Inbox(comm, neighbours, wire, last, depth=lead + 1)
+        outbox = Outbox(comm, neighbours, window=2 * lead + 1)
+    snapshots: list[tuple[int, float, torch.Tensor]] = []  # unbounded: (step, time, weights)
 
-    def apply(flat: torch.Tensor) -> None:
-        """A neighbour's gradient, applied with the local optimiser as if it were local."""
-        write_grads(params, codec.decode(flat) if codec else flat)
-        holder["optimizer"].step()
+    nbytes = like.numel() * like.element_size()
+
+    async def apply(flat: torch.Tensor) -> None:
+        """A neighbour's gradient, applied with the local optimiser as if it were local (the
+        simulator charges the copy and the optimiser step from its cost model)."""
+        async with comm.applying(nbytes):
+            write_grads(params, codec.decode(flat) if codec else flat)
+            holder["optimizer"].step()
 
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
     scores: dict[str, float] = {}
@@ -156,7 +213,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
         final = step >= last
         # Receiving: at the end every remaining message; otherwise what has arrived,
         # waiting only to stay within ``lead`` steps of each neighbour.
-        need = last if final else step - lead
+        need = last if final else (0 if lead is None else step - lead)
         applied = await inbox.drain(apply, need=need, greedy=not lockstep and not final)
         if final:
             await outbox.flush()  # no message is left in flight
@@ -168,7 +225,11 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             lr=lr_of(optimizer),
             staleness=staleness,
         )
-        if ctx.is_boundary(step):
+        if ctx.is_boundary(step) and lead is None and not staged:
+            # No synchronisation: this worker's own evaluation, its weights kept for later.
+            scores = await ctx.evaluate_local(model, epoch=ctx.progress(step), step=step)
+            snapshots.append((step, comm.now(), state_vector(model).clone()))
+        elif ctx.is_boundary(step):
             restart = staged and not final and (step // ctx.steps_per_epoch) % cfg.stage_epochs == 0
             if restart:
                 await inbox.drain(apply, need=step, greedy=False)  # the whole stage
@@ -176,6 +237,8 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             if restart:
                 await _restart_from_best(ctx, model, holder, scores)
     ctx.result["messages_applied"] = dict(inbox.count)  # T from every neighbour
+    for at_step, at_time, weights in snapshots:
+        await log_consensus(ctx, weights, at_step, at_time)
     await finish(ctx, model, scores)
 
 
