@@ -25,6 +25,9 @@ from .devices import plan_devices, probe
 
 POLL_S = 0.25
 LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
+# A worker is lost once it has been missing from the scheduler's list for this long: one
+# snapshot taken while a loaded machine's scheduler catches up is not a death.
+LOST_AFTER_S = 3.0
 # After one rank fails, how long the others get to finish failing on their own.
 GRACE_S = 5.0
 
@@ -105,6 +108,7 @@ def run_dask(
     failed_at: float | None = None
     checked = time.monotonic()
     lost: dict[int, str] = {}
+    missing_since: dict[int, float] = {}
     try:
         while True:
             drain()
@@ -121,6 +125,10 @@ def run_dask(
                 _check_servers(server_hosts, alive, label)
                 for rank, addr in enumerate(addresses):
                     if addr in alive or rank in lost:
+                        missing_since.pop(rank, None)
+                        continue
+                    since = missing_since.setdefault(rank, checked)
+                    if checked - since < LOST_AFTER_S:
                         continue
                     if not launch.tolerates_worker_loss:
                         _collect_unsent(client, queue_name, drain, on_rows)
