@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--momentum", type=float, default=None)
     run.add_argument("--weight-decay", type=float, default=None)
     run.add_argument("--optimizer", default=None)
+    run.add_argument(
+        "--clip-gradient",
+        type=float,
+        default=None,
+        metavar="C",
+        help="clip every gradient element into [-C, C] before each step (MXNet's clip_gradient)",
+    )
     run.add_argument("--seed", type=int, default=d["seed"].default)
     run.add_argument(
         "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
@@ -159,7 +166,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         strategy=args.strategy, runtime=args.runtime, workers=args.workers,
         dataset=args.dataset, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
         global_batch_size=args.global_batch_size, lr=args.lr, momentum=args.momentum,
-        weight_decay=args.weight_decay, optimizer=args.optimizer, seed=args.seed,
+        weight_decay=args.weight_decay, optimizer=args.optimizer,
+        clip_gradient=args.clip_gradient, seed=args.seed,
         topology=args.topology, sharding=args.sharding, train_subset=args.train_subset,
         test_subset=args.test_subset, max_steps=args.max_steps, data_dir=args.data_dir,
         oversubscribe=args.oversubscribe, compute_profile=args.compute_profile,

@@ -75,6 +75,7 @@ class ExperimentConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     optimizer: str = "sgd"
+    clip_gradient: float | None = None  # each gradient element into [-c, c] before a step (MXNet)
     seed: int = 0
     topology: str | None = None
     sharding: str = "iid"
@@ -239,6 +240,12 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{name}={value!r} must be a non-negative number")
     if cfg.momentum >= 1:
         raise ConfigError(f"momentum={cfg.momentum!r} must be below 1")
+    clip = cfg.clip_gradient
+    if clip is not None and (not isinstance(clip, (int, float)) or not clip > 0):
+        raise ConfigError(
+            f"clip_gradient={clip!r} must be a positive number (each gradient element is "
+            "clipped into [-clip_gradient, clip_gradient]), or None for no clipping"
+        )
     from .partition import check_model_parallel
 
     check_model_parallel(cfg)

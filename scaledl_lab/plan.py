@@ -46,7 +46,28 @@ def load_for(cfg: ExperimentConfig) -> DataSplits:
 
 
 def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
-    """The optimiser named by the config (every worker and the sequential twin use this)."""
+    """The optimiser named by the config (every worker and the sequential twin use this).
+
+    SGD, Adam and AdaGrad step all tensors at once (``foreach``: the same arithmetic per element,
+    the same numbers, fewer calls). ``clip_gradient``: every gradient element is clipped into
+    [-c, c] before each step, as MXNet's optimisers do with ``clip_gradient``."""
+    optimizer = _optimizer(cfg, params)
+    if cfg.clip_gradient is not None:
+        optimizer.register_step_pre_hook(_clipper(float(cfg.clip_gradient)))
+    return optimizer
+
+
+def _clipper(bound: float) -> Any:
+    def clip(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.clamp_(-bound, bound)
+
+    return clip
+
+
+def _optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
     if no_bias_decay_of(cfg):  # biases and BatchNorm: no weight decay, no trust ratio
         params = param_groups(params, cfg.weight_decay)
     if cfg.optimizer == "lars":
@@ -58,10 +79,11 @@ def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
         # DGC's momentum correction keeps the momentum in each worker's compressor instead.
         momentum = 0.0 if momentum_correction(cfg) else cfg.momentum
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum,
+                               weight_decay=cfg.weight_decay, foreach=True)  # fmt: skip
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+    return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
 
 
 def step_plan(cfg: ExperimentConfig) -> StepPlan:

@@ -10,8 +10,8 @@ same model, data and worker count. We run the same comparison, side by side:
   time from the cost model; some of them again with one worker slowed down (``STRAGGLER``).
 
 Each method runs with the paper's optimiser: NNT with AdaGrad lr 0.01, weight decay 1e-4
-(FAST's main runs, ``PAPER_NNT``), the baselines with Adam lr 1e-3 as MXNet's parameter server
-(its clipping at 10 is not modelled); two more simulated rows give NNT the baseline's optimiser
+(FAST's main runs, ``PAPER_NNT``), the synchronous and parameter-server baselines with Adam lr
+1e-3 and each gradient element clipped at 10, as MXNet's parameter server (``MXNET``); two more simulated rows give NNT the baseline's optimiser
 and allreduce NNT's ("same optimiser"). Quick mode (`--quick`, or SCALEDL_QUICK=1):
 Fashion-MNIST and an MLP, the decisive simulated runs (allreduce, NNT torus) with
 ``QUICK_SEEDS``. Full mode: ResNet-18 on CIFAR-10, batch 128 per worker, as in the paper's main
@@ -77,6 +77,7 @@ class Setting:
 QUICK = Setting("fashion-mnist", "mlp", 2, 64, "adam", 1e-3, 0.0, None, 2)
 FULL = Setting("cifar10", "resnet18", 100, 128, "adam", 1e-3, 0.0, None, 16)
 PAPER_NNT = dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=1e-4)
+MXNET = dict(clip_gradient=10.0)  # the baseline's clipping (its Adam is the setting's optimiser)
 QUICK_SEEDS = (0, 1, 2)  # for the decisive simulated runs: allreduce and NNT on the torus
 SEEDED = ("allreduce", "nnt-torus")
 LR_GRID = (1 / 3, 1.0, 3.0)  # the same small grid for every method, chosen on validation
@@ -105,9 +106,9 @@ def _methods(workers: int, torus: str | None) -> list[tuple[str, dict]]:
     """(label, config changes) of the methods compared at ``workers`` workers."""
     servers = min(PS_SERVERS, max(1, workers // 2))
     methods: list[tuple[str, dict]] = [
-        ("allreduce", dict(strategy="allreduce")),
-        ("ps-sync", dict(strategy="ps-sync", servers=servers)),
-        ("ps-async", dict(strategy="ps-async", servers=servers)),
+        ("allreduce", dict(strategy="allreduce", **MXNET)),
+        ("ps-sync", dict(strategy="ps-sync", servers=servers, **MXNET)),
+        ("ps-async", dict(strategy="ps-async", servers=servers, **MXNET)),
         ("nnt-ring", dict(strategy="nnt", topology="ring", **PAPER_NNT)),
     ]
     if torus:
@@ -151,7 +152,8 @@ def paper_configs(
         base = quick(base).replace(epochs=setting.epochs, train_subset=setting.train_subset)
     real_n = setting.real_workers
     real = base.replace(runtime="dask", workers=real_n)
-    runs = [real.replace(strategy="allreduce", workers=1, name="allreduce · dask · 1w")]
+    one = real.replace(strategy="allreduce", workers=1, name="allreduce · dask · 1w", **MXNET)
+    runs = [one]
     for label, changes in _methods(real_n, TORUS if real_n == 16 else None):
         runs.append(real.replace(name=f"{label} · dask · {real_n}w", **changes))
     sim = base.replace(runtime="sim", workers=SIM_WORKERS)
