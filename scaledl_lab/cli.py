@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
     rep.add_argument(
+        "--jobs", type=int, default=2, help="--long: processes running simulated runs side by side"
+    )
+    rep.add_argument(
         "--smoke",
         action="store_true",
         help="only the runs on Dask, 512 samples each: checks a cluster, measures nothing",
@@ -276,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .long_run import reproduce_long
 
             out = args.out or "results/reproduce-long"
-            reproduce_long(out=out)
+            reproduce_long(out=out, jobs=args.jobs)
             print((Path(out) / "summary.md").read_text())
         elif args.command == "reproduce":
             from .reproduce import reproduce, smoke_configs

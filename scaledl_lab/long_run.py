@@ -2,26 +2,36 @@
 
 The quick comparison stops after two epochs, which cannot say whether NNT converges to the same
 accuracy later. The long mode runs the simulated methods only (16 workers, the 4×4 torus) on the
-full Fashion-MNIST training set with the MLP for ``LONG.epochs`` (≥ 20) epochs, every method
-with the paper's optimiser (:data:`scaledl_lab.reproduce.PAPER_NNT` for NNT, Adam for the
-others), over ``SEEDS`` and the learning-rate grid :data:`scaledl_lab.reproduce.LR_GRID` (each
-method's rate chosen on validation by :func:`scaledl_lab.claims.by_method`). It adds, per run,
-the virtual time at which the mean test accuracy of its workers first reaches ``TARGET``
-(``time_to_target_s``), and draws accuracy against epochs and against time with a band of ± one
-standard deviation over seeds.
+full Fashion-MNIST training set with the MLP, every method with the paper's optimiser
+(:data:`scaledl_lab.reproduce.PAPER_NNT` for NNT, Adam clipped at 10 for the baselines), in two
+phases:
+
+1. **Learning rate.** Each method runs ``TUNE_EPOCHS`` epochs (seed 0) at each rate of the grid
+   :data:`scaledl_lab.reproduce.LR_GRID` (its base rate × ⅓, × 1, × 3); the rate whose best
+   worker scores highest on the validation split (never the test split) is kept
+   (:func:`choose_rates`; the tuning runs are in ``tuning/``).
+2. **Convergence.** Each method runs ``LONG.epochs`` (≥ 20) epochs at its chosen rate for every
+   seed of ``SEEDS``.
+
+The report adds, per run, the virtual time at which the mean test accuracy of its workers first
+reaches ``TARGET`` (``time_to_target_s``), and draws accuracy against epochs and against time
+with a band of ± one standard deviation over seeds. The simulated runs are independent: ``jobs``
+processes run them side by side (one core each; the numbers do not depend on it).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .claims import SEED, verdicts
+from .claims import LR_VARIANT, SEED, by_method, verdicts
 from .experiment import Results, compare
 from .reproduce import (
     LR_GRID,
@@ -36,24 +46,104 @@ from .reproduce import (
 )
 
 LONG = Setting("fashion-mnist", "mlp", 20, 64, "adam", 1e-3, 0.0, None, 0)
+TUNE_EPOCHS = 3  # the learning-rate phase: each rate of the grid, one seed
 SEEDS = (0, 1, 2)
 TARGET = 0.85  # test accuracy (mean of workers) the time-to-target column waits for
 LONG_METHODS = ("allreduce", "ps-async", "nnt-ring", "nnt-torus", "dpsgd-torus")
+# Relative cost of one simulated epoch of each method (wall-clock, measured here): NNT on the
+# torus applies five gradients per step. Only used to share the runs out between processes.
+COST = {"nnt-torus": 5.0, "nnt-ring": 3.0, "dpsgd-torus": 2.5, "ps-async": 2.0}
+
+
+def _sim_methods(setting: Setting) -> list[tuple[str, Any]]:
+    """(label, config) of each method of the long comparison at the setting's base rate."""
+    sim = _base(setting).replace(runtime="sim", workers=SIM_WORKERS)
+    return [
+        (label, sim.replace(name=f"{label} · sim · {SIM_WORKERS}w", **changes))
+        for label, changes in _methods(SIM_WORKERS, TORUS)
+        if label in LONG_METHODS
+    ]
+
+
+def tune_configs(
+    setting: Setting = LONG,
+    lr_factors: tuple[float, ...] = LR_GRID,
+    epochs: int = TUNE_EPOCHS,
+) -> list[Any]:
+    """The learning-rate phase: each method × rate of the grid, seed 0, ``epochs`` epochs."""
+    runs = []
+    for _, cfg in _sim_methods(setting):
+        runs += _repeat(cfg.replace(epochs=epochs), (0,), lr_factors)
+    return runs
+
+
+def choose_rates(tuning: pd.DataFrame) -> dict[str, float]:
+    """The learning rate of each method (run name without its " · lr×F"), chosen on the
+    validation accuracy of its best worker (:func:`scaledl_lab.claims.by_method`)."""
+    best = by_method(tuning)
+    return {
+        LR_VARIANT.sub("", run): float(lr) for run, lr in zip(best["run"], best["lr"], strict=True)
+    }
 
 
 def long_configs(
     setting: Setting = LONG,
     seeds: tuple[int, ...] = SEEDS,
-    lr_factors: tuple[float, ...] = LR_GRID,
+    rates: dict[str, float] | None = None,
 ) -> list[Any]:
-    """The simulated runs of the long comparison: each method × learning rate × seed."""
-    sim = _base(setting).replace(runtime="sim", workers=SIM_WORKERS)
+    """The convergence phase: each method at its chosen rate (``rates``, from
+    :func:`choose_rates`; the base rate where absent) once per seed."""
     runs = []
-    for label, changes in _methods(SIM_WORKERS, TORUS):
-        if label in LONG_METHODS:
-            cfg = sim.replace(name=f"{label} · sim · {SIM_WORKERS}w", **changes)
-            runs += _repeat(cfg, seeds, lr_factors)
+    for _, cfg in _sim_methods(setting):
+        lr = (rates or {}).get(cfg.name, cfg.lr)
+        runs += _repeat(cfg.replace(lr=lr), seeds, (1.0,))
     return runs
+
+
+def _cost(cfg: Any) -> float:
+    label = cfg.name.split(" · ")[0]
+    return COST.get(label, 1.0) * cfg.epochs
+
+
+def _share(configs: list[Any], jobs: int) -> list[list[Any]]:
+    """``configs`` shared out between ``jobs`` processes, costliest first, each to the least
+    loaded (the order within a share is the configs' order)."""
+    loads, shares = [0.0] * jobs, [[] for _ in range(jobs)]
+    for i in sorted(range(len(configs)), key=lambda i: -_cost(configs[i])):
+        k = loads.index(min(loads))
+        loads[k] += _cost(configs[i])
+        shares[k].append(i)
+    return [[configs[i] for i in sorted(share)] for share in shares if share]
+
+
+def _run_share(configs: list[Any], out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    compare(configs, out=out, progress=False, log=None)
+
+
+def compare_side_by_side(
+    configs: list[Any], *, out: str | os.PathLike[str], jobs: int = 2, progress: bool = True
+) -> Results:
+    """:func:`scaledl_lab.experiment.compare` of simulated runs, ``jobs`` processes side by side
+    (each writes ``parts/K/`` as it goes); one results folder with every run, in ``configs``'
+    order."""
+    if jobs <= 1 or len(configs) == 1:
+        return compare(configs, out=out, progress=progress)
+    out = Path(out)
+    shares = _share(configs, jobs)
+    parts = [out / "parts" / str(k) for k in range(len(shares))]
+    with ProcessPoolExecutor(len(shares), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_run_share, s, str(p)) for s, p in zip(shares, parts, strict=True)]
+        for future in futures:
+            future.result()
+    frames = {p: pd.read_csv(p / "metrics.csv") for p in parts}
+    runs = {run: rows for frame in frames.values() for run, rows in frame.groupby("run", sort=False)}
+    frame = pd.concat([runs[c.label] for c in configs if c.label in runs], ignore_index=True)
+    results = Results(frame=frame, configs=list(configs))
+    results.save(out)
+    return results
 
 
 def _mean_test_curve(frame: pd.DataFrame, run: str) -> pd.DataFrame:
@@ -95,19 +185,33 @@ def seed_bands(frame: pd.DataFrame, x: str = "epoch") -> Figure:
     return fig
 
 
-def write_long_report(results: Results, out: Path, target: float = TARGET) -> pd.DataFrame:
-    """The comparison table with ``time_to_target_s``, the seed-band figures and the verdicts,
-    appended to summary.md; returns the table."""
+def write_long_report(
+    results: Results,
+    out: Path,
+    target: float = TARGET,
+    tuning: pd.DataFrame | None = None,
+    tune_epochs: int = TUNE_EPOCHS,
+) -> pd.DataFrame:
+    """The comparison table with ``time_to_target_s``, the seed-band figures, the learning-rate
+    phase (``tuning``: its comparison table) and the verdicts, appended to summary.md; writes
+    ``curves.csv`` (every evaluation row: small enough to keep) and returns the table."""
     table = paper_table(results)
+    frame = results.frame
+    frame[frame["kind"].isin(["val", "test"])].to_csv(out / "curves.csv", index=False)
     table["time_to_target_s"] = [time_to_target(results.frame, r, target) for r in table["run"]]
     table.to_csv(out / "comparison.csv", index=False)
     for x in ("epoch", "time"):
         seed_bands(results.frame, x).savefig(out / f"seed_bands_vs_{x}.png", dpi=120)
     cols = table[["run", "time_to_target_s"]].to_string(index=False)
-    lines = [
-        "",
-        "## The long comparison (simulated, seeds and learning-rate grid)",
-        "",
+    lines = ["", "## The long comparison (simulated, seeds and learning-rate grid)", ""]
+    if tuning is not None:
+        lines += [
+            f"Learning rates, chosen on validation after {tune_epochs} epochs (seed 0); the rate of "
+            "each method's kept row is the one every seed below ran with:",
+            "",
+            report_markdown(tuning),
+        ]
+    lines += [
         report_markdown(table),
         f"Virtual time to a mean test accuracy of {target:.0%} (NaN: never reached):",
         "",
@@ -126,9 +230,29 @@ def write_long_report(results: Results, out: Path, target: float = TARGET) -> pd
 
 
 def reproduce_long(
-    *, out: str | os.PathLike[str], configs: list[Any] | None = None, progress: bool = True
+    *,
+    out: str | os.PathLike[str],
+    setting: Setting = LONG,
+    seeds: tuple[int, ...] = SEEDS,
+    lr_factors: tuple[float, ...] = LR_GRID,
+    tune_epochs: int = TUNE_EPOCHS,
+    jobs: int = 2,
+    progress: bool = True,
 ) -> Results:
-    """Run the long comparison (simulated only) and write its results folder."""
-    results = compare(configs or long_configs(), out=out, progress=progress)
-    write_long_report(results, Path(out))
+    """Run the long comparison (simulated only): the learning-rate phase into ``out/tuning``,
+    then every method at its chosen rate for each seed into ``out``; write the report."""
+    out = Path(out)
+    tuning = None
+    rates = None
+    if len(lr_factors) > 1:
+        tuned = compare_side_by_side(
+            tune_configs(setting, lr_factors, tune_epochs), out=out / "tuning", jobs=jobs,
+            progress=progress,
+        )  # fmt: skip
+        tuning = paper_table(tuned)
+        tuning.to_csv(out / "tuning.csv", index=False)
+        rates = choose_rates(tuning)
+    configs = long_configs(setting, seeds, rates)
+    results = compare_side_by_side(configs, out=out, jobs=jobs, progress=progress)
+    write_long_report(results, out, tuning=tuning, tune_epochs=tune_epochs)
     return results

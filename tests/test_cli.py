@@ -176,10 +176,10 @@ def test_reproduce_long_runs_the_long_comparison(tmp_path, monkeypatch, capsys):
 
     calls = []
 
-    def fake(*, out):
-        calls.append(out)
+    def fake(*, out, jobs):
+        calls.append((out, jobs))
         (tmp_path / "summary.md").write_text("# long\n")
 
     monkeypatch.setattr(long_run, "reproduce_long", fake)
-    assert main(["reproduce", "--long", "--out", str(tmp_path)]) == 0
-    assert calls == [str(tmp_path)] and "# long" in capsys.readouterr().out
+    assert main(["reproduce", "--long", "--out", str(tmp_path), "--jobs", "3"]) == 0
+    assert calls == [(str(tmp_path), 3)] and "# long" in capsys.readouterr().out

@@ -1,23 +1,54 @@
-"""`reproduce --long`: its runs, time to a target accuracy, seed bands (on a tiny config)."""
+"""`reproduce --long`: its two phases, rates chosen on validation, time to a target accuracy,
+seed bands, runs shared out between processes (on a tiny config)."""
 
 from __future__ import annotations
 
 import math
 
 import pandas as pd
+import pytest
 
 from scaledl_lab import long_run
-from scaledl_lab.reproduce import Setting
+from scaledl_lab.experiment import compare
+from scaledl_lab.reproduce import LR_GRID, Setting
 
 
-def test_the_long_comparison_is_simulated_full_data_twenty_epochs_seeds_and_a_grid():
+def test_the_long_comparison_is_simulated_full_data_twenty_epochs_and_seeds():
     configs = long_run.long_configs()
     assert {c.runtime for c in configs} == {"sim"} and {c.workers for c in configs} == {16}
     assert {c.epochs for c in configs} == {20} and {c.train_subset for c in configs} == {None}
     assert {c.seed for c in configs} == {0, 1, 2}
-    assert len(configs) == len(long_run.LONG_METHODS) * 3 * 3  # methods × rates × seeds
+    assert len(configs) == len(long_run.LONG_METHODS) * 3  # methods × seeds
     torus = [c for c in configs if c.strategy == "nnt" and c.topology == "torus:4x4"]
-    assert {c.optimizer for c in torus} == {"adagrad"}
+    assert {(c.optimizer, c.lr, c.weight_decay) for c in torus} == {("adagrad", 0.01, 1e-4)}
+    baseline = [c for c in configs if c.strategy in ("allreduce", "ps-async")]
+    assert {(c.optimizer, c.clip_gradient) for c in baseline} == {("adam", 10.0)}
+
+
+def test_the_tuning_phase_tries_every_rate_of_the_grid_once():
+    configs = long_run.tune_configs()
+    assert len(configs) == len(long_run.LONG_METHODS) * len(LR_GRID)
+    assert {c.epochs for c in configs} == {long_run.TUNE_EPOCHS} and {c.seed for c in configs} == {0}
+    torus = sorted(c.lr for c in configs if c.strategy == "nnt" and c.topology == "torus:4x4")
+    assert torus == pytest.approx([0.01 / 3, 0.01, 0.03])
+
+
+def test_rates_are_chosen_on_validation_and_used_by_every_seed():
+    tuning = pd.DataFrame(
+        dict(
+            run=["a · lr×1/3", "a · lr×1", "a · lr×3", "b · lr×1/3", "b · lr×1", "b · lr×3"],
+            lr=[1.0, 3.0, 9.0, 0.1, 0.3, 0.9],
+            # test accuracy would pick other rates: the choice must ignore it
+            val_acc_best_worker=[0.5, 0.7, 0.6, 0.9, 0.2, 0.1],
+            test_acc_best_worker=[0.9, 0.1, 0.1, 0.1, 0.9, 0.9],
+            test_acc_spread=[0.0] * 6,
+        )
+    )
+    assert long_run.choose_rates(tuning) == {"a": 3.0, "b": 0.1}
+    rates = {"nnt-torus · sim · 16w": 0.0033}
+    configs = long_run.long_configs(rates=rates)
+    assert {c.lr for c in configs if c.strategy == "nnt" and c.topology == "torus:4x4"} == {0.0033}
+    assert {c.lr for c in configs if c.strategy == "allreduce"} == {1e-3}  # not tuned: base rate
 
 
 def test_time_to_target_is_the_first_evaluation_that_reaches_it():
@@ -33,18 +64,60 @@ def test_time_to_target_is_the_first_evaluation_that_reaches_it():
     assert math.isnan(long_run.time_to_target(frame, "a", 0.95))
 
 
-def test_a_tiny_long_run_writes_its_table_bands_and_verdicts(tmp_path):
-    tiny = Setting("fashion-mnist", "mlp", 2, 32, "adam", 1e-3, 0.0, 1600, 0)
-    configs = [
+def test_runs_are_shared_out_costliest_first():
+    configs = long_run.long_configs()
+    shares = long_run._share(configs, 2)
+    assert sorted(c.name for s in shares for c in s) == sorted(c.name for c in configs)
+    loads = [sum(long_run._cost(c) for c in s) for s in shares]
+    assert max(loads) - min(loads) <= max(long_run._cost(c) for c in configs)
+
+
+TINY = Setting("fashion-mnist", "mlp", 2, 32, "adam", 1e-3, 0.0, 1600, 0)
+
+
+def _tiny(configs):
+    return [
         c.replace(test_subset=200, val_size=200, workers=9, topology=c.topology and "torus:3x3")
-        for c in long_run.long_configs(tiny, seeds=(0, 1), lr_factors=(1.0,))
+        for c in configs
         if c.strategy == "allreduce" or c.topology == "torus:4x4"
     ]
-    long_run.reproduce_long(out=tmp_path, configs=configs, progress=False)
+
+
+def test_two_processes_give_the_numbers_of_one(tmp_path):
+    configs = _tiny(long_run.long_configs(TINY, seeds=(0,)))
+    one = compare(configs, out=tmp_path / "one", progress=False, log=None).frame
+    two = long_run.compare_side_by_side(configs, out=tmp_path / "two", jobs=2).frame
+    pd.testing.assert_frame_equal(one.reset_index(drop=True), two, check_dtype=False)
+    assert (tmp_path / "two" / "parts" / "1" / "metrics.csv").is_file()
+
+
+def test_a_tiny_long_run_writes_its_table_bands_and_verdicts(tmp_path, monkeypatch):
+    monkeypatch.setattr(long_run, "_sim_methods", _tiny_methods)
+    long_run.reproduce_long(
+        out=tmp_path, setting=TINY, seeds=(0, 1), lr_factors=(1.0, 3.0), tune_epochs=1,
+        jobs=1, progress=False,
+    )  # fmt: skip
+    tuning = pd.read_csv(tmp_path / "tuning.csv")
+    assert len(tuning) == 2 * 2  # two methods × two rates
     table = pd.read_csv(tmp_path / "comparison.csv")
-    assert "time_to_target_s" in table and len(table) == len(configs)
+    assert "time_to_target_s" in table and len(table) == 2 * 2  # two methods × two seeds
     assert (tmp_path / "seed_bands_vs_epoch.png").is_file()
     assert (tmp_path / "seed_bands_vs_time.png").is_file()
+    curves = pd.read_csv(tmp_path / "curves.csv")
+    assert set(curves["kind"]) == {"val", "test"} and set(curves["run"]) == set(table["run"])
     summary = (tmp_path / "summary.md").read_text()
     assert "## The long comparison (simulated, seeds and learning-rate grid)" in summary
+    assert "Learning rates, chosen on validation after 1 epochs (seed 0)" in summary
     assert "NNT reaches the accuracy of synchronous SGD" in summary
+
+
+_real_methods = long_run._sim_methods
+
+
+def _tiny_methods(setting):
+    return [
+        (label, cfg.replace(test_subset=200, val_size=200, workers=9,
+                            topology=cfg.topology and "torus:3x3"))  # fmt: skip
+        for label, cfg in _real_methods(setting)
+        if label in ("allreduce", "nnt-torus")
+    ]
