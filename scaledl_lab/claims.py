@@ -7,7 +7,8 @@ difference lies inside the spread over seeds. Runs that differ only in their see
 " · seed N") are one method, reported as mean ± standard deviation; variants that differ only in
 their learning rate (" · lr×F") are one method whose rate is chosen on validation
 (:func:`by_method`). Every number in its text comes from the tables or from the configs they
-record (topology, straggler setting), never typed in.
+record (topology, straggler setting), never typed in. Each verdict opens with the claim as the
+project's account of the paper (``../shared/PAPER.md``) states it, quoted from :data:`QUOTES`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,28 @@ ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many poi
 # "Constant in N": within this fraction across N; "grows with N": by at least (1 − it) × N's growth.
 TRAFFIC_TOLERANCE = 0.05
 RATE_KEPT = 0.9  # "not coupled": the other workers keep this fraction of their step rate
+
+# Each claim as PAPER.md states it, quoted verbatim (its line breaks read as spaces), by the key
+# :func:`verdicts` files the claim's verdict under. The paper's own figures are not available:
+# these are the sentences the measurements answer.
+QUOTES: dict[str, str] = {
+    "accuracy": "preliminary convergence/scalability results against the distributed training "
+    "tools of a mainstream framework (MXNet parameter server, `dist_sync` and `dist_async`)",
+    "traffic": "Communication per worker stays constant as the cluster grows",
+    "time": "These limit scaling, couple every worker to the slowest one, and force huge "
+    "effective batches.",
+    "straggler": "The worker never waits for its neighbours: it drains what has arrived and "
+    "carries on with its next local batch",
+    "staleness": "staleness slows or destabilises convergence unless compensated "
+    "(staleness-aware LR, delay compensation)",
+    "topology": "information still diffuses across the whole topology over a few steps",
+}
+
+
+def quoted(claim: str, line: str) -> str:
+    """The verdict ``line`` ("- <what is tested>: <verdict> — <numbers>") of ``claim`` (a key
+    of :data:`QUOTES`), opened by the paper's words."""
+    return f"- *“{QUOTES[claim]}”* (PAPER.md) — {line.removeprefix('- ')}"
 
 
 SEED = re.compile(r" · seed \d+$")
@@ -183,31 +206,40 @@ def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[s
         gap = 100 * (sync[acc] - nnt_t[acc])
         mark = decide(gap <= ACC_POINTS, gap - ACC_POINTS, _sd(sync, nnt_t))
         out.append(
-            f"- NNT reaches the accuracy of synchronous SGD (best worker within {ACC_POINTS:g} "
-            f"points, same epochs): {mark} — torus {_acc(nnt_t)}, "
-            f"{_behind(gap, 'allreduce')} ({_acc(sync)})."
+            quoted(
+                "accuracy",
+                f"- NNT reaches the accuracy of synchronous SGD (best worker within {ACC_POINTS:g} "
+                f"points, same epochs): {mark} — torus {_acc(nnt_t)}, "
+                f"{_behind(gap, 'allreduce')} ({_acc(sync)}).",
+            )
         )
     if traffic is not None and (line := _traffic_verdict(traffic)) is not None:
-        out.append(line)
+        out.append(quoted("traffic", line))
     if sync is not None and nnt_t is not None and ps_sync is not None:
         t = "time_per_epoch_s"
         faster = nnt_t[t] < (1 - MARGIN) * min(sync[t], ps_sync[t])
         out.append(
-            f"- NNT trains faster per epoch than the global patterns (by more than "
-            f"{MARGIN:.0%}): {_mark(faster)} — time per epoch NNT torus {nnt_t[t]:.2f} s, "
-            f"allreduce {sync[t]:.2f} s, PS sync {ps_sync[t]:.2f} s (simulated, "
-            f"{int(nnt_t['workers'])} workers, steady state)."
+            quoted(
+                "time",
+                f"- NNT trains faster per epoch than the global patterns (by more than "
+                f"{MARGIN:.0%}): {_mark(faster)} — time per epoch NNT torus {nnt_t[t]:.2f} s, "
+                f"allreduce {sync[t]:.2f} s, PS sync {ps_sync[t]:.2f} s (simulated, "
+                f"{int(nnt_t['workers'])} workers, steady state).",
+            )
         )
     s_sync, s_async = _pick(strag, "allreduce"), _pick(strag, "ps-async")
     s_nnt = _pick(strag, "nnt", "torus")
     if s_sync is not None and s_nnt is not None:
-        out.append(_straggler_verdict(strag, s_sync, s_nnt, s_async))
+        out.append(quoted("straggler", _straggler_verdict(strag, s_sync, s_nnt, s_async)))
     if ps_async is not None and sync is not None:
         gap = 100 * (sync[acc] - ps_async[acc])
         out.append(
-            f"- Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in "
-            f"accuracy: {decide(gap > 0, gap, _sd(sync, ps_async))} — {_acc(ps_async)}, "
-            f"{_behind(gap, 'synchronous allreduce')} ({_acc(sync)})."
+            quoted(
+                "staleness",
+                f"- Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in "
+                f"accuracy: {decide(gap > 0, gap, _sd(sync, ps_async))} — {_acc(ps_async)}, "
+                f"{_behind(gap, 'synchronous allreduce')} ({_acc(sync)}).",
+            )
         )
     if nnt_r is not None and nnt_t is not None:
         n = int(nnt_t["workers"])
@@ -216,10 +248,13 @@ def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[s
         spread_t, spread_r = 100 * nnt_t["test_acc_spread"], 100 * nnt_r["test_acc_spread"]
         sd = _sd(nnt_t, nnt_r, col="test_acc_spread")
         out.append(
-            f"- Information crosses the torus in fewer hops than the ring (diameter {d_t} vs "
-            f"{d_r} at {n} workers), so NNT's workers agree more on the torus: "
-            f"{decide(spread_t < spread_r, spread_t - spread_r, sd)} — spread of the workers' "
-            f"test accuracies {spread_t:.1f} vs {spread_r:.1f} points; best worker "
-            f"{_acc(nnt_t)} vs {_acc(nnt_r)}."
+            quoted(
+                "topology",
+                f"- Information crosses the torus in fewer hops than the ring (diameter {d_t} vs "
+                f"{d_r} at {n} workers), so NNT's workers agree more on the torus: "
+                f"{decide(spread_t < spread_r, spread_t - spread_r, sd)} — spread of the workers' "
+                f"test accuracies {spread_t:.1f} vs {spread_r:.1f} points; best worker "
+                f"{_acc(nnt_t)} vs {_acc(nnt_r)}.",
+            )
         )
     return out

@@ -279,11 +279,13 @@ class WorkerContext:
         step: int,
         kinds: tuple[str, ...] = ("val", "test"),
         log: bool = True,
+        at: float | None = None,
     ) -> dict[str, float]:
         """Evaluate this worker's own model on whole splits, alone (no communication).
 
         Used where workers hold different models (asynchronous and decentralised methods).
-        Returns ``{kind: accuracy}`` and, with ``log``, records one row per split.
+        Returns ``{kind: accuracy}`` and, with ``log``, records one row per split, stamped when
+        it ends or at ``at``: when the weights it scores existed (an initial state fetched again).
         """
         scores: dict[str, float] = {}
         for kind in kinds:
@@ -296,7 +298,7 @@ class WorkerContext:
                 ).tolist()
             scores[kind] = correct / count
             if log:
-                self.log_eval(kind, epoch, step, loss_sum, correct, count)
+                self.log_eval(kind, epoch, step, loss_sum, correct, count, time=at)
         return scores
 
     def log_eval(
@@ -308,13 +310,14 @@ class WorkerContext:
         correct: float,
         count: float,
         sent: int = 0,
+        time: float | None = None,
     ) -> None:
         self.log(
             Row(
                 kind=kind,
                 epoch=epoch,
                 step=step,
-                time=self.comm.now(),
+                time=self.comm.now() if time is None else time,
                 loss=loss_sum / count,
                 accuracy=correct / count,
                 samples=int(count),

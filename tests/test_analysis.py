@@ -7,6 +7,7 @@ worked out on paper, and each verdict is shown flipping when the numbers that de
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -397,3 +398,33 @@ def test_straggler_verdict_reads_the_other_workers_step_rates_where_measured():
     assert "with nnt-torus-straggler · lead 4), 39.7% with allreduce; an epoch of the whole " in v
     table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.6})
     assert "step rate): **not supported** — with rank 5" in _verdict(table, COUPLED)
+
+
+# -- the paper's words beside each verdict -----------------------------------------------------
+
+PAPER_MD = Path(__file__).resolve().parents[1].parent / "shared" / "PAPER.md"
+CLAIM_OF = {ACCURACY: "accuracy", TRAFFIC: "traffic", FASTER: "time", COUPLED: "straggler",
+            STALE: "staleness", MIXING: "topology"}  # fmt: skip
+
+
+def test_every_verdict_quotes_its_claim_as_paper_md_states_it():
+    lines = claims.verdicts(_table(), _traffic())
+    assert len(lines) == len(CLAIM_OF) == len(claims.QUOTES)
+    for prefix, key in CLAIM_OF.items():
+        line = _verdict(_table(), prefix, _traffic())
+        assert line.startswith(f"- *“{claims.QUOTES[key]}”* (PAPER.md) — {prefix}"), line
+        others = [q for k, q in claims.QUOTES.items() if k != key]
+        assert not [q for q in others if q in line], line  # its own quote only
+    # The straggler claim quotes the paper with either of its two decision rules.
+    table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.98,
+                      "allreduce-straggler.others_rate_kept": 0.4})  # fmt: skip
+    assert claims.QUOTES["straggler"] in _verdict(table, COUPLED)
+
+
+def test_each_quote_occurs_verbatim_in_paper_md():
+    if not PAPER_MD.is_file():  # CI clones the repository only; PAPER.md lives beside it
+        pytest.skip(f"{PAPER_MD} is not here: it sits beside the repository, not in it")
+    # Verbatim, except that a quote reads the file's line breaks (and their indent) as spaces.
+    paper = " ".join(PAPER_MD.read_text().split())
+    for key, quote in claims.QUOTES.items():
+        assert quote in paper, key

@@ -207,6 +207,30 @@ def test_downpour_pushes_accumulated_gradients_every_n_push():
     assert train.epoch.max() == pytest.approx(40 / (2 * 37))
 
 
+def test_every_method_evaluates_its_initial_state_at_time_zero():
+    # A parameter server's rank 0 scores the initial weights alone, on whole splits, after the
+    # initial pull: its epoch-0 rows were stamped then (0.19 s of virtual time in `reproduce
+    # --quick`, where the methods that share the evaluation stamped 0.013 s). They are stamped
+    # at the time of the initial state, which every worker holds from the seed.
+    base = dict(workers=4, train_subset=4 * 32 * 5, val_size=100, test_subset=100, batch_size=32,
+                epochs=2, optimizer="adam", lr=1e-3)  # fmt: skip
+    methods = dict(allreduce={}, nnt=dict(topology="ring"), **{"ps-sync": dict(servers=2),
+                   "ps-async": dict(servers=2)})  # fmt: skip
+    first = {}
+    for strategy, extra in methods.items():
+        frame = run(_cfg(strategy=strategy, **extra, **base), progress=False).frame
+        test = frame[frame.kind == "test"].sort_values("time")
+        first[strategy] = test.iloc[0]
+        assert first[strategy].epoch == 0.0, strategy
+        assert (frame[frame.kind == "train"].time > first[strategy].time).all(), strategy
+        if strategy == "ps-async":  # rank 0 evaluates once global progress passes epoch 1
+            assert ((test.epoch >= 1) & (test.epoch < 2)).sum() == 1, test.epoch.tolist()
+    assert first["ps-sync"].time == first["ps-async"].time == 0.0
+    assert max(r.time for r in first.values()) < 0.1  # the shared evaluation's own cost
+    # The same initial weights everywhere: one accuracy.
+    assert len({r.accuracy for r in first.values()}) == 1
+
+
 def test_straggler_sync_waits_async_does_not_backup_workers_fix_sync():
     base = dict(
         runtime="sim", workers=8, model="mlp", dataset="fashion-mnist", train_subset=16384,

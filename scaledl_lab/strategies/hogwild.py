@@ -41,6 +41,7 @@ def share_parameters(model: nn.Module, flat: torch.Tensor) -> None:
 async def train(ctx: WorkerContext) -> None:
     """The program one worker runs: read shared weights, compute a gradient, write in place."""
     cfg, comm = ctx.config, ctx.comm
+    initial = comm.now()  # the initial state (the same on every worker) exists from here
     model = ctx.build_model()
     init = param_vector(model.parameters())
     flat = await comm.shared_tensor("params", init)
@@ -56,7 +57,7 @@ async def train(ctx: WorkerContext) -> None:
 
     evaluated = 0
     if ctx.rank == 0:
-        await ctx.evaluate_local(model, epoch=0.0, step=0)
+        await ctx.evaluate_local(model, epoch=0.0, step=0, at=initial)
     step = 0
     epoch = 0
     while applied() < target:

@@ -220,6 +220,9 @@ async def train(ctx: WorkerContext) -> None:
     target = global_target(cfg)
     per_epoch = steps_per_epoch_of(cfg) * (1 if variant.rule == "sync" else ctx.world_size)
 
+    # The initial state exists from the start: every worker built it from the seed, and the pull
+    # fetches the same weights. Its evaluation (rank 0 alone, on whole splits) is stamped then.
+    initial = comm.now()
     await shards.pull()
     evaluated = 0  # epochs evaluated so far (rank 0)
     step = 0
@@ -227,7 +230,7 @@ async def train(ctx: WorkerContext) -> None:
         restore(ctx, model, None)
         step, evaluated = int(ctx.resume["step"]), int(shards.progress // per_epoch)
     elif ctx.rank == 0:
-        await ctx.evaluate_local(model, epoch=0.0, step=0)
+        await ctx.evaluate_local(model, epoch=0.0, step=0, at=initial)
     batches = itertools.islice(ctx.batches_forever(), step, None)
     while shards.progress < target:
         x, y = next(batches)
