@@ -56,6 +56,12 @@ def likely_cause(cfg: ExperimentConfig) -> str:
     fix = recommended(cfg.strategy)
     flags = f"--optimizer {fix['optimizer']} --lr {fix['lr']:g} --momentum {fix['momentum']:g}"
     flags += f" --weight-decay {fix['weight_decay']:g}"
+    if all(getattr(cfg, name) == value for name, value in fix.items()):
+        return (
+            f"it already uses its family's setting ({_setting(cfg)}); too few steps or samples "
+            "to learn (a tiny or one-epoch run), or a learning rate too large for this model: "
+            "try more epochs or data, or a smaller --lr"
+        )
     if cfg.strategy in NNT_FAMILY and cfg.workers > 1:
         degree = len(neighbours(cfg.resolved_topology, cfg.workers, 0))
         return (

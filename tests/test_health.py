@@ -88,3 +88,15 @@ def test_warnings_reach_the_summary_and_the_cli(tmp_path, capsys, monkeypatch):
     res = run(ExperimentConfig(strategy="allreduce", runtime="sim", model="mlp", **SMALL))
     monkeypatch.setattr(health, "NEAR_CHANCE", 1.5)
     assert res.warnings() == []
+
+
+def test_a_run_already_on_its_family_setting_is_not_told_to_use_it():
+    fix = health.recommended("nnt")
+    cfg = ExperimentConfig(strategy="nnt", runtime="sim", workers=4, topology="ring", **fix)
+    [warning] = health.run_warnings(_summary(cfg, 0.1, 2.3), [cfg])
+    assert warning.endswith(
+        "likely cause: it already uses its family's setting (adagrad lr 0.01, weight decay "
+        "0.0001); too few steps or samples to learn (a tiny or one-epoch run), or a learning "
+        "rate too large for this model: try more epochs or data, or a smaller --lr"
+    )
+    assert "--optimizer" not in warning
