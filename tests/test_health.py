@@ -82,7 +82,8 @@ def test_warnings_reach_the_summary_and_the_cli(tmp_path, capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "warning: run allreduce-sim-2w: ends near chance (" in out
-    assert "likely cause: the step size may be too large for sgd lr 0.05, momentum 0.9" in out
+    # 3 steps on the family's own setting: the warning does not send the user back to it
+    assert "likely cause: it already uses its family's setting (sgd lr 0.05, momentum 0.9)" in out
     summary = (tmp_path / "res" / "summary.md").read_text()
     assert "\n## Warnings\n\n- run allreduce-sim-2w: ends near chance (" in summary
     res = run(ExperimentConfig(strategy="allreduce", runtime="sim", model="mlp", **SMALL))
