@@ -143,6 +143,16 @@ class TorchComm(Comm):
         staged = self._staged(tensor)
         return _Work(dist.all_reduce(staged, group=pg, async_op=True), tensor, staged)
 
+    async def allreduce(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        # A blocking call runs in this thread: gloo's async_op hands the work to its own thread
+        # and wakes this one when done, two thread switches that cost ~0.3 ms per call on an
+        # idle 2-core machine and milliseconds on a busy one.
+        size = self.group_size(group)
+        self.bytes_sent += ring_allreduce_bytes(tensor.numel() * tensor.element_size(), size)
+        if size > 1:
+            dist.all_reduce(tensor, group=None if group is None else self.groups[group])
+        return tensor
+
     async def allgather(
         self, tensor: torch.Tensor, group: Group | None = None
     ) -> list[torch.Tensor]:
