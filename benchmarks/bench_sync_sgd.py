@@ -31,6 +31,7 @@ from scaledl_lab.models import build_model
 from scaledl_lab.runtime.memory import keep_freed_memory
 
 WARMUP = 10
+CHOSEN: list[list[bool]] = []
 DATA = dict(train_subset=40_000, test_subset=200, val_size=200)
 
 
@@ -102,7 +103,9 @@ def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -
         **DATA,
     )
     rows: list[dict] = []
-    execute(cfg, cfg.label, rows.extend, client=client)
+    results = execute(cfg, cfg.label, rows.extend, client=client).results
+    if "overlap" in results[0]:  # what the bucketed reducer's first steps chose, per rank
+        CHOSEN.append([r["overlap"] for r in results])
     rate = 0.0
     for rank in (0, 1):
         times = {r["step"]: r["time"] for r in rows if r["kind"] == "train" and r["rank"] == rank}
@@ -148,6 +151,7 @@ def main() -> None:
                 f"{n:>8.1f} {n / d:>6.2f}",
                 flush=True,
             )
+        print(f"bucketed reducer, overlap chosen per rank in each run: {CHOSEN}")
 
 
 if __name__ == "__main__":
