@@ -59,11 +59,11 @@ WARMUP_STEPS = 2
 class BucketedAllreduce:
     """Gradients grouped into ~``bucket_mb`` buckets, each reduced as soon as backward fills it.
 
-    Whether overlapping pays (allreduces started from inside backward, on gloo's own thread)
-    or not (one blocking allreduce per bucket after backward, no thread hand-off) depends on the
-    model, the batch and the machine, so the run's first steps time both, alternating, and the
-    faster one is kept. Both give the same numbers: the same buckets go through the same
-    collectives.
+    Whether overlapping pays (allreduces started from inside backward, competing with it for
+    the cores) or not (one blocking allreduce per bucket after backward) depends on the model,
+    the batch and the machine, so the run's first steps time both, alternating, and the faster
+    one is kept. Both give the same numbers: the same buckets go through the same collectives,
+    in the order backward filled them, so ranks that chose differently still pair them up.
     """
 
     def __init__(self, model: nn.Module, comm: Comm, bucket_mb: float) -> None:
@@ -82,7 +82,8 @@ class BucketedAllreduce:
             size += nbytes
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._ready = [0] * len(self.buckets)
-        self._pending: dict[int, Pending] = {}
+        # Filled buckets in the order backward filled them: started (overlap) or not yet (None).
+        self._pending: dict[int, Pending | None] = {}
         self.reducing = True  # off while accumulating micro-batches: only the last one reduces
         self.overlap = True
         self._timed: dict[bool, list[float]] = {True: [], False: []}
@@ -91,7 +92,7 @@ class BucketedAllreduce:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if not (self.overlap and self.reducing):
+        if not self.reducing:
             return
         b = self._bucket_of[id(p)]
         self._ready[b] += 1
@@ -99,24 +100,27 @@ class BucketedAllreduce:
             self._launch(b)
 
     def _launch(self, b: int) -> None:
+        if not self.overlap:  # note the order only: synchronize reduces it after backward
+            self._pending[b] = None
+            return
         self._pending[b] = self.comm.allreduce_start(flat_grad(self.buckets[b]))
 
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
         """Wait for every bucket, average in place; return ``stats`` summed over the workers."""
-        world_size = self.comm.world_size
-        if not self.overlap:
-            for bucket in self.buckets:
-                flat = await self.comm.allreduce(flat_grad(bucket))
-                _scatter_back(flat, bucket, world_size)
-            return await self.comm.allreduce(stats)
         for b in range(len(self.buckets)):
             if b not in self._pending:  # parameters that got no gradient this step
                 self._launch(b)
-        stats_pending = self.comm.allreduce_start(stats)
-        for b in range(len(self.buckets)):
-            _scatter_back(await self._pending[b].wait(), self.buckets[b], world_size)
+        stats_pending = self.comm.allreduce_start(stats) if self.overlap else None
+        for b, pending in self._pending.items():
+            if pending is None:
+                flat = await self.comm.allreduce(flat_grad(self.buckets[b]))
+            else:
+                flat = await pending.wait()
+            _scatter_back(flat, self.buckets[b], self.comm.world_size)
         self._pending.clear()
         self._ready = [0] * len(self.buckets)
+        if stats_pending is None:
+            return await self.comm.allreduce(stats)
         return await stats_pending.wait()
 
     def timed(self, seconds: float) -> None:
