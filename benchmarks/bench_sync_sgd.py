@@ -3,8 +3,8 @@
 Throughput (samples/s over steady-state steps) of `allreduce` (bucketed) and `allreduce-naive`
 on 2 Dask workers against plain `DistributedDataParallel` with gloo on 2 processes started by
 torch.multiprocessing: same model, seed, per-worker batch, data shards and batch order, one
-thread per process. Then the allreduce bandwidth of our Comm against a raw `dist.all_reduce`,
-both inside the same process group. Runs alternate (ours, DDP, ours, DDP ...) so that drift of
+thread per process (the cost of one collective through our Comm against the raw call is
+`bench_collectives.py`). Runs alternate (ours, DDP, ours, DDP ...) so that drift of
 the machine hits both; medians are reported.
 
     python benchmarks/bench_sync_sgd.py [--batches 64 256] [--steps 60] [--repeats 2]
@@ -31,6 +31,7 @@ from scaledl_lab.models import build_model
 from scaledl_lab.runtime.memory import keep_freed_memory
 
 WARMUP = 10
+CHOSEN: list[list[bool]] = []
 DATA = dict(train_subset=40_000, test_subset=200, val_size=200)
 
 
@@ -102,33 +103,14 @@ def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -
         **DATA,
     )
     rows: list[dict] = []
-    execute(cfg, cfg.label, rows.extend, client=client)
+    results = execute(cfg, cfg.label, rows.extend, client=client).results
+    if "overlap" in results[0]:  # what the bucketed reducer's first steps chose, per rank
+        CHOSEN.append([r["overlap"] for r in results])
     rate = 0.0
     for rank in (0, 1):
         times = {r["step"]: r["time"] for r in rows if r["kind"] == "train" and r["rank"] == rank}
         rate += steps * batch / (times[WARMUP + steps] - times[WARMUP])
     return rate
-
-
-SIZES = (2**20, 4 * 2**20, 16 * 2**20)
-REPS = 20
-
-
-async def allreduce_program(ctx) -> None:
-    """Time our Comm.allreduce and a raw dist.all_reduce on the same tensors, interleaved."""
-    for nbytes in SIZES:
-        tensor = torch.ones(nbytes // 4)
-        ours, raw = [], []
-        for _ in range(REPS):
-            dist.barrier()
-            start = time.perf_counter()
-            await ctx.comm.allreduce(tensor)
-            ours.append(time.perf_counter() - start)
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(tensor)
-            raw.append(time.perf_counter() - start)
-        ctx.result[nbytes] = (statistics.median(ours), statistics.median(raw))
 
 
 def main() -> None:
@@ -169,23 +151,7 @@ def main() -> None:
                 f"{n:>8.1f} {n / d:>6.2f}",
                 flush=True,
             )
-
-        cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
-        results = execute(
-            cfg, "allreduce-bandwidth", lambda rows: None, client=client, program=allreduce_program
-        ).results
-        print("\nallreduce, 2 workers (gloo): algorithm bandwidth = bytes / time")
-        print(
-            f"{'size':>8} {'ours ms':>9} {'raw ms':>8} {'ours GB/s':>10} {'raw GB/s':>9} "
-            f"{'ratio':>6}"
-        )
-        for nbytes in SIZES:
-            ours_t, raw_t = results[0][nbytes]
-            print(
-                f"{nbytes / 2**20:>6.0f}MB {ours_t * 1e3:>9.2f} {raw_t * 1e3:>8.2f} "
-                f"{nbytes / ours_t / 1e9:>10.2f} {nbytes / raw_t / 1e9:>9.2f} "
-                f"{raw_t / ours_t:>6.2f}"
-            )
+        print(f"bucketed reducer, overlap chosen per rank in each run: {CHOSEN}")
 
 
 if __name__ == "__main__":

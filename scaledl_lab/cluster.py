@@ -6,6 +6,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
@@ -44,6 +45,16 @@ def start_local(workers: int, *, dashboard: bool = True) -> Client:
     if dashboard:
         print(f"Dask dashboard: {client.dashboard_link}")
     return client
+
+
+def live_workers(client: Client) -> dict[str, Any]:
+    """The scheduler's workers now (address → info), asked afresh.
+
+    ``client.scheduler_info()`` returns the client's cached copy, and the client's own refresh
+    (every 2 s) replaces that with one that lists no workers, since it asks for none: read
+    just after such a refresh, every live worker looks gone (seen on a loaded machine).
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
 
 def tls_security(

@@ -12,7 +12,7 @@ from typing import Any
 import ipywidgets as w
 from IPython.display import DisplayHandle, display
 
-from .cluster import start_local
+from .cluster import live_workers, start_local
 from .config import ExperimentConfig
 from .experiment import Results, run, to_frame, total_steps
 
@@ -74,7 +74,7 @@ def _worker_count(client: Any) -> int:
     """How many workers ``client``'s cluster has now; 0 when it is closed or has none."""
     if client is None or client.status != "running":
         return 0
-    return len(client.scheduler_info(n_workers=-1).get("workers", {}))
+    return len(live_workers(client))
 
 
 def _error_html(exc: BaseException) -> str:

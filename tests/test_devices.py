@@ -12,6 +12,7 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
+from scaledl_lab.cluster import live_workers
 from scaledl_lab.runtime.devices import plan_devices
 
 
@@ -58,7 +59,7 @@ def test_device_cuda_on_cpu_workers_stops_before_any_work_naming_the_worker(clie
     cfg = ExperimentConfig(strategy="allreduce", workers=2, model="mlp", device="cuda", **SMALL)
     with pytest.raises(ConfigError) as err:
         run(cfg, client=client, out=tmp_path, progress=False)
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(live_workers(client))
     message = str(err.value)
     assert message.startswith("device='cuda' was asked for, but worker ")
     for address in workers:

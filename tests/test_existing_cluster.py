@@ -24,7 +24,7 @@ import pytest
 from distributed import Client
 from distributed.security import Security
 
-from scaledl_lab.cluster import connect
+from scaledl_lab.cluster import connect, live_workers
 from scaledl_lab.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ class Cluster:
     def workers(self) -> dict[str, str]:
         """Each connected worker's name and address."""
         with self.client() as c:
-            info = c.scheduler_info(n_workers=-1)["workers"]
+            info = live_workers(c)
         return {str(w["name"]): a for a, w in info.items()}
 
     def close(self) -> None:

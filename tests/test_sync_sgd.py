@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from common import SMALL, max_diff
@@ -10,6 +12,8 @@ from scaledl_lab import DivergenceError, ExperimentConfig, run
 from scaledl_lab.cost import ring_allreduce_bytes
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.reference import train_sequential, train_worker_mean
+from scaledl_lab.runtime.base import Comm
+from scaledl_lab.strategies.sync_sgd import BucketedAllreduce
 from scaledl_lab.worker import load_for
 
 
@@ -116,3 +120,63 @@ def test_state_dict_is_cpu_tensors(client):
     )
     state = run(cfg, client=client, progress=False).state_dict()
     assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in state.values())
+
+
+class _Recorder(Comm):
+    """One rank that records the size of every allreduce it starts, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 2)
+        self.sizes: list[int] = []
+
+    def now(self) -> float:
+        return 0.0
+
+    def allreduce_start(self, tensor, group=None):
+        self.sizes.append(tensor.numel())
+        return _Finished(tensor)
+
+    async def broadcast(self, tensor, src):
+        raise NotImplementedError
+
+    def isend(self, tensor, dst):
+        raise NotImplementedError
+
+    def irecv(self, tensor, src):
+        raise NotImplementedError
+
+    async def barrier(self):
+        raise NotImplementedError
+
+
+class _Finished:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    async def wait(self):
+        return self.tensor
+
+
+def test_bucketed_reducer_pairs_the_same_collectives_with_or_without_overlap():
+    """Each rank keeps the mode its own first steps found faster, so two ranks may differ:
+    both modes must start the same allreduces in the same order. Here backward fills the
+    buckets in another order than the parameters are listed (``late`` is defined first)."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.late, self.early = torch.nn.Linear(8, 3), torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.late(torch.relu(self.early(x)))
+
+    orders = {}
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        net, comm = Net(), _Recorder()
+        reducer = BucketedAllreduce(net, comm, bucket_mb=1e-6)  # one parameter per bucket
+        reducer.overlap = overlap
+        net(torch.randn(4, 16)).sum().backward()
+        asyncio.run(reducer.synchronize(torch.zeros(1, dtype=torch.float64)))
+        orders[overlap] = comm.sizes
+    assert orders[True] == orders[False] == [3, 24, 8, 128, 1]  # late first, then the loss

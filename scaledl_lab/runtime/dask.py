@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 from distributed import Client, Queue, Variable
 
+from ..cluster import live_workers
 from ..errors import ConfigError, RunError, WorkerLostError
 from .base import Launch, Outcome
 from .dask_worker import ServerHost, free_port, run_rank, take_rows
@@ -34,7 +35,7 @@ GRACE_S = 5.0
 
 def worker_addresses(client: Client) -> list[str]:
     """The cluster's workers in a stable order (by name, then address): rank i is the i-th."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = live_workers(client)
     return sorted(info, key=lambda a: (str(info[a].get("name", "")), a))
 
 
@@ -121,7 +122,7 @@ def run_dask(
                 break
             if time.monotonic() - checked > LIVENESS_S:
                 checked = time.monotonic()
-                alive = set(client.scheduler_info(n_workers=-1)["workers"])
+                alive = set(live_workers(client))
                 _check_servers(server_hosts, alive, label)
                 for rank, addr in enumerate(addresses):
                     if addr in alive or rank in lost:
@@ -148,9 +149,7 @@ def run_dask(
             _collect_unsent(client, queue_name, drain, on_rows)
             # A dead server makes its callers fail first: name the cause, not the symptom.
             if server_hosts:
-                _check_servers(
-                    server_hosts, set(client.scheduler_info(n_workers=-1)["workers"]), label
-                )
+                _check_servers(server_hosts, set(live_workers(client)), label)
             rank, fut = errors[0]
             exc = fut.exception()
             if isinstance(exc, RunError):

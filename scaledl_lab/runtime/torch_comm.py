@@ -143,6 +143,17 @@ class TorchComm(Comm):
         staged = self._staged(tensor)
         return _Work(dist.all_reduce(staged, group=pg, async_op=True), tensor, staged)
 
+    async def allreduce(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        # The blocking form calls gloo and waits, with no Pending in between. Gloo still does
+        # the work on its own thread in both forms, and the GIL is released while this thread
+        # waits, so the worker's event loop (its heartbeats) runs meanwhile.
+        size = self.group_size(group)
+        if size == 1 or self.device is not None or (group is None and self.lost_view is not None):
+            return await super().allreduce(tensor, group)  # staged, or among the survivors
+        self.bytes_sent += ring_allreduce_bytes(tensor.numel() * tensor.element_size(), size)
+        dist.all_reduce(tensor, group=None if group is None else self.groups[group])
+        return tensor
+
     async def allgather(
         self, tensor: torch.Tensor, group: Group | None = None
     ) -> list[torch.Tensor]:

@@ -52,8 +52,19 @@ class NaiveAllreduce:
         return summed
 
 
+TRIAL_STEPS = 4  # steps timed in each mode, after WARMUP_STEPS untimed ones
+WARMUP_STEPS = 2
+
+
 class BucketedAllreduce:
-    """Gradients grouped into ~``bucket_mb`` buckets, each reduced as soon as backward fills it."""
+    """Gradients grouped into ~``bucket_mb`` buckets, each reduced as soon as backward fills it.
+
+    Whether overlapping pays (allreduces started from inside backward, competing with it for
+    the cores) or not (one blocking allreduce per bucket after backward) depends on the model,
+    the batch and the machine, so the run's first steps time both, alternating, and the faster
+    one is kept. Both give the same numbers: the same buckets go through the same collectives,
+    in the order backward filled them, so ranks that chose differently still pair them up.
+    """
 
     def __init__(self, model: nn.Module, comm: Comm, bucket_mb: float) -> None:
         self.comm = comm
@@ -71,13 +82,17 @@ class BucketedAllreduce:
             size += nbytes
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._ready = [0] * len(self.buckets)
-        self._pending: dict[int, Pending] = {}
-        self.overlap = True  # off while accumulating micro-batches: only the last one reduces
+        # Filled buckets in the order backward filled them: started (overlap) or not yet (None).
+        self._pending: dict[int, Pending | None] = {}
+        self.reducing = True  # off while accumulating micro-batches: only the last one reduces
+        self.overlap = True
+        self._timed: dict[bool, list[float]] = {True: [], False: []}
+        self._steps = 0
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if not self.overlap:
+        if not self.reducing:
             return
         b = self._bucket_of[id(p)]
         self._ready[b] += 1
@@ -85,21 +100,43 @@ class BucketedAllreduce:
             self._launch(b)
 
     def _launch(self, b: int) -> None:
-        flat = flat_grad(self.buckets[b])
-        self._pending[b] = self.comm.allreduce_start(flat)
+        if not self.overlap:  # note the order only: synchronize reduces it after backward
+            self._pending[b] = None
+            return
+        self._pending[b] = self.comm.allreduce_start(flat_grad(self.buckets[b]))
 
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
         """Wait for every bucket, average in place; return ``stats`` summed over the workers."""
         for b in range(len(self.buckets)):
             if b not in self._pending:  # parameters that got no gradient this step
                 self._launch(b)
-        stats_pending = self.comm.allreduce_start(stats)
-        for b in range(len(self.buckets)):
-            flat = await self._pending[b].wait()
+        stats_pending = self.comm.allreduce_start(stats) if self.overlap else None
+        for b, pending in self._pending.items():
+            if pending is None:
+                flat = await self.comm.allreduce(flat_grad(self.buckets[b]))
+            else:
+                flat = await pending.wait()
             _scatter_back(flat, self.buckets[b], self.comm.world_size)
         self._pending.clear()
         self._ready = [0] * len(self.buckets)
+        if stats_pending is None:
+            return await self.comm.allreduce(stats)
         return await stats_pending.wait()
+
+    def timed(self, seconds: float) -> None:
+        """The last step took ``seconds`` (forward to averaged gradients): while trying both
+        modes, note it and switch; after, keep the faster (overlap on a tie, as on the sim)."""
+        self._steps += 1
+        trial = self._steps - WARMUP_STEPS
+        if trial < 0 or trial > 2 * TRIAL_STEPS:
+            return
+        if trial > 0:
+            self._timed[self.overlap].append(seconds)
+        if trial < 2 * TRIAL_STEPS:
+            self.overlap = trial % 2 == 1
+            return
+        with_overlap, without = (sorted(self._timed[m])[TRIAL_STEPS // 2] for m in (True, False))
+        self.overlap = with_overlap <= without
 
 
 async def forward_backward(
@@ -117,7 +154,7 @@ async def forward_backward(
     loss_sum, correct = 0.0, 0
     for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
         if isinstance(reducer, BucketedAllreduce):
-            reducer.overlap = i == k - 1
+            reducer.reducing = i == k - 1
         async with ctx.comm.compute(len(ym)):
             if i == 0:
                 optimizer.zero_grad()
@@ -147,10 +184,12 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
     else:
         reducer = BucketedAllreduce(model, comm, cfg.bucket_mb)
     for x, y in ctx.local_batches(step):
-        sent_before = comm.bytes_sent
+        sent_before, started = comm.bytes_sent, comm.now()
         stats = await forward_backward(ctx, model, optimizer, reducer, x, y)
         # The loss travels with the gradients so that every worker sees a divergence at once.
         totals = await reducer.synchronize(torch.tensor([stats.loss], dtype=torch.float64))
+        if isinstance(reducer, BucketedAllreduce):
+            reducer.timed(comm.now() - started)
         check_finite(totals[0].item(), rank=ctx.rank, epoch=ctx.plan.epoch_of(step), step=step)
         lr = ctx.set_lr(optimizer, step)  # the scheduled rate (constant by default)
         optimizer.step()
@@ -159,6 +198,8 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         if ctx.is_boundary(step):
             await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
         await save_if_due(ctx, step, model, optimizer)
+    if isinstance(reducer, BucketedAllreduce):
+        ctx.result["overlap"] = reducer.overlap  # what the first steps' timing chose
     ctx.keep_model(model)
 
 

@@ -1,0 +1,85 @@
+"""Side by side, in one run: a collective through our ``Comm`` vs the raw torch.distributed call.
+
+Two Dask workers (one rank each, gloo) time ``Comm.allreduce`` against ``dist.all_reduce`` on
+the same tensor in the same process group, and ``Comm.allreduce_start(...).wait()`` (the
+overlapping form the bucketed reducer uses) against ``dist.all_reduce(async_op=True).wait()``.
+Every repetition runs all four after a barrier, in an order that rotates from one repetition
+to the next so that neither side always goes first; medians are reported, and the ratio is
+raw time / ours (1.0: no overhead).
+
+    python benchmarks/bench_collectives.py [--reps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from scaledl_lab import ExperimentConfig
+from scaledl_lab.cluster import connect
+from scaledl_lab.launch import execute
+
+SIZES = (2**20, 4 * 2**20, 16 * 2**20)
+DATA = dict(train_subset=2000, test_subset=200, val_size=200)
+KINDS = ("ours", "raw", "ours_async", "raw_async")
+
+
+async def _one(ctx, kind: str, tensor: torch.Tensor) -> None:
+    if kind == "ours":
+        await ctx.comm.allreduce(tensor)
+    elif kind == "raw":
+        dist.all_reduce(tensor)
+    elif kind == "ours_async":
+        await ctx.comm.allreduce_start(tensor).wait()
+    else:
+        dist.all_reduce(tensor, async_op=True).wait()
+
+
+def make_program(reps: int):
+    async def program(ctx) -> None:
+        for nbytes in SIZES:
+            tensor = torch.ones(nbytes // 4)
+            times: dict[str, list[float]] = {k: [] for k in KINDS}
+            for rep in range(reps + 2):
+                for j in range(len(KINDS)):
+                    kind = KINDS[(rep + j) % len(KINDS)]
+                    dist.barrier()
+                    start = time.perf_counter()
+                    await _one(ctx, kind, tensor)
+                    if rep >= 2:  # two warm-up repetitions
+                        times[kind].append(time.perf_counter() - start)
+            ctx.result[nbytes] = {k: statistics.median(v) for k, v in times.items()}
+
+    return program
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=40)
+    args = parser.parse_args()
+    with connect(2, dashboard=False, log=None) as client:
+        cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
+        program = make_program(args.reps)
+        results = execute(cfg, "collectives", lambda rows: None, client=client, program=program)
+    print(f"allreduce, 2 Dask workers (gloo), median of {args.reps} interleaved repetitions")
+    print("ratio = raw time / ours (1.00: no overhead)")
+    print(
+        f"{'size':>6} {'ours ms':>8} {'raw ms':>7} {'ratio':>6}   "
+        f"{'ours async':>10} {'raw async':>9} {'ratio':>6}"
+    )
+    for nbytes in SIZES:
+        t = {k: v * 1e3 for k, v in results.results[0][nbytes].items()}
+        print(
+            f"{nbytes >> 20:>4}MB {t['ours']:>8.2f} {t['raw']:>7.2f} "
+            f"{t['raw'] / t['ours']:>6.2f}   "
+            f"{t['ours_async']:>10.2f} {t['raw_async']:>9.2f} "
+            f"{t['raw_async'] / t['ours_async']:>6.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
