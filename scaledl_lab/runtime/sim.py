@@ -162,7 +162,7 @@ class SimWorld(SimServers):
             self._mail[(src, dst)].append((arrival, tensor.detach().clone()))
             return
         incoming = posted.popleft()
-        incoming.message = (arrival, tensor.detach().clone())
+        incoming.arrive(arrival, tensor)  # one copy, not a private one copied again later
         if self._waiting_recv.get(dst) is incoming:
             del self._waiting_recv[dst]
             self._wake_recv(incoming)

@@ -12,7 +12,7 @@ import torch
 
 from ..cost import allgather_bytes
 from ..errors import PeerLostError
-from .base import Comm, Incoming, Pending, clone_tensors, tensor_bytes
+from .base import Comm, Incoming, Mailbox, Pending, clone_tensors, tensor_bytes
 
 
 @dataclass
@@ -83,19 +83,35 @@ LOST: Any = object()
 
 class SimIncoming(Incoming):
     """A posted receive; the world assigns it a message (FIFO per sender) when one is sent,
-    or marks it ``lost`` when the sender died without sending it."""
+    or marks it ``lost`` when the sender died without sending it.
 
-    def __init__(self, comm: SimComm, tensor: torch.Tensor, src: int) -> None:
+    ``tensor`` None (a mailbox's receive): the message itself is handed out, a private copy
+    taken when it was sent, instead of being copied into a buffer of the receiver's."""
+
+    def __init__(self, comm: SimComm, tensor: torch.Tensor | None, src: int) -> None:
         self.comm, self.tensor, self.src = comm, tensor, src
         self.message: tuple[float, torch.Tensor] | None = None
         self.copied = False
         self.lost = False
 
+    def arrive(self, at: float, tensor: torch.Tensor) -> None:
+        """The message is sent while this receive is posted: copied straight into its buffer
+        (the receiver reads it only once it has arrived, at ``at``)."""
+        if self.tensor is None:
+            self.tensor = tensor.detach().clone()
+        else:
+            self.tensor.copy_(tensor.detach())
+        self.message, self.copied = (at, self.tensor), True
+
     def _take(self) -> torch.Tensor:
         if not self.copied:
             assert self.message is not None
-            self.tensor.copy_(self.message[1])
+            if self.tensor is None:
+                self.tensor = self.message[1]  # already private: copied when it was sent
+            else:
+                self.tensor.copy_(self.message[1])
             self.copied = True
+        assert self.tensor is not None
         return self.tensor
 
     def ready(self) -> bool:
@@ -121,6 +137,15 @@ class SimCall(Pending):
 
     async def wait(self) -> Any:
         return await _Await(WaitCall(self.comm.rank, self))
+
+
+class SimMailbox(Mailbox):
+    """Every message sent here is already a private copy (the simulator takes one when it is
+    sent), so each is handed out as it is: no buffer to allocate and copy it into."""
+
+    def _post(self) -> None:
+        more = self.taken < self.total
+        self._posted = self.comm.irecv(None, self.src) if more else None  # type: ignore[arg-type]
 
 
 class SimComm(Comm):
@@ -188,10 +213,13 @@ class SimComm(Comm):
         self.world._deliver(self.rank, dst, done + self.world.cost.network.latency_s, tensor)
         return _SimSent(self, done)
 
-    def irecv(self, tensor: torch.Tensor, src: int) -> Incoming:
+    def irecv(self, tensor: torch.Tensor | None, src: int) -> Incoming:
         incoming = SimIncoming(self, tensor, src)
         self.world._post(self.rank, incoming)
         return incoming
+
+    def mailbox(self, src: int, like: torch.Tensor, total: int) -> Mailbox:
+        return SimMailbox(self, src, like, total)
 
     @property
     def num_servers(self) -> int:
