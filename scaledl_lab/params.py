@@ -54,13 +54,21 @@ def flat_grad(params: Iterable[nn.Parameter]) -> torch.Tensor:
     return torch.cat([grad_or_zeros(p).reshape(-1) for p in params])
 
 
-def write_grads(params: Iterable[nn.Parameter], flat: torch.Tensor) -> None:
-    """Set every parameter's ``.grad`` to its slice of ``flat`` (the inverse of flat_grad)."""
+def write_grads(params: Iterable[nn.Parameter], flat: torch.Tensor, *, share: bool = False) -> None:
+    """Set every parameter's ``.grad`` to its slice of ``flat`` (the inverse of flat_grad).
+
+    ``share``: the gradients become views of ``flat`` instead of copies, for a ``flat`` the
+    caller owns and no longer needs (a received message): the optimiser step that follows may
+    change it in place (clipping), and it must not change while the gradients are in use. The
+    next ``zero_grad()`` sets them to None, so backward never accumulates into it.
+    """
     offset = 0
     for p in params:
         n = p.numel()
         view = flat[offset : offset + n].view_as(p)
-        if p.grad is None:
+        if share:
+            p.grad = view
+        elif p.grad is None:
             p.grad = view.clone()
         else:
             p.grad.copy_(view)

@@ -45,9 +45,10 @@ class GossipRound:
     """One round of x_i ← Σ_j W_ij x_j, started now (sends posted) and finished later.
 
     Neighbours known to have died are left out, and so is one found dead while waiting for its
-    weights; the row of W is then renormalised over the survivors (it sums to 1 again)."""
+    weights; the row of W is then renormalised over the survivors (it sums to 1 again).
+    ``owned``: ``flat`` is the round's and nobody changes it until :meth:`finish` (no copy)."""
 
-    def __init__(self, comm: Comm, flat: torch.Tensor, spec: str) -> None:
+    def __init__(self, comm: Comm, flat: torch.Tensor, spec: str, *, owned: bool = False) -> None:
         self.comm = comm
         everyone = topology.neighbours(spec, comm.world_size, comm.rank)
         lost = comm.lost_peers()
@@ -55,7 +56,8 @@ class GossipRound:
         self.dropped = len(self.neighbours) < len(everyone)
         row = topology.mixing_matrix(spec, comm.world_size)[comm.rank]
         self.weights = [float(row[comm.rank])] + [float(row[j]) for j in self.neighbours]
-        self.sent = flat.detach().clone()  # private: the sends read it until waited
+        # Private (the sends read it until waited): a copy, unless the caller gives it away.
+        self.sent = flat.detach() if owned else flat.detach().clone()
         self.buffers = [torch.empty_like(self.sent) for _ in self.neighbours]
         # Receives first, then sends: every worker's sends find their peer's receive posted.
         self.incoming: list[Incoming] = [
@@ -139,7 +141,9 @@ async def train_dpsgd(ctx: WorkerContext) -> None:
         sent_before = comm.bytes_sent
         # Send x_i to the neighbours, and compute ∇F_i(x_i) while the weights travel.
         flat = state_vector(model)
-        exchange = compressed.start(flat) if compressed else GossipRound(comm, flat, spec)
+        exchange = (
+            compressed.start(flat) if compressed else GossipRound(comm, flat, spec, owned=True)
+        )
         stats = await local_gradient(ctx, model, optimizer, x, y, step=step, apply=False)
         load_state_vector(model, await exchange.finish())
         optimizer.step()  # x_i ← Σ_j W_ij x_j − lr·∇F_i(x_i, old)

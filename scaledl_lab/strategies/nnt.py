@@ -141,7 +141,9 @@ SEND_WINDOW = 8
 
 
 class Outbox:
-    """Sends a private copy of each gradient to every neighbour, ``window`` in flight at most."""
+    """Sends each gradient to every neighbour, ``window`` in flight at most. The message is the
+    outbox's from then on: a new tensor each step (``flat_grad``'s or the codec's), never
+    changed, so no copy of it is needed."""
 
     def __init__(self, comm: Comm, neighbours: list[int], window: int) -> None:
         self.comm, self.neighbours, self.window = comm, neighbours, window
@@ -153,10 +155,9 @@ class Outbox:
         while len(self.in_flight) >= self.window:
             for pending in self.in_flight.pop(0):
                 await pending.wait()
-        message = flat.detach().clone()
         lost = self.comm.lost_peers()  # neighbours that died get nothing more
         alive = [j for j in self.neighbours if j not in lost]
-        self.in_flight.append([self.comm.isend(message, j) for j in alive])
+        self.in_flight.append([self.comm.isend(flat, j) for j in alive])
 
     async def flush(self) -> None:
         while self.in_flight:
@@ -191,12 +192,15 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
     snapshots: list[tuple[int, float, torch.Tensor]] = []  # unbounded: (step, time, weights)
 
     nbytes = like.numel() * like.element_size()
+    shared = lead is None and codec is None  # fresh messages: apply() need not copy them
 
     async def apply(flat: torch.Tensor) -> None:
         """A neighbour's gradient, applied with the local optimiser as if it were local (the
         simulator charges the copy and the optimiser step from its cost model)."""
         async with comm.applying(nbytes):
-            write_grads(params, codec.decode(flat) if codec else flat)
+            # A mailbox's message is a new tensor that nothing else reads: the gradients
+            # can be views of it (a bounded inbox reuses its buffers, so it copies).
+            write_grads(params, codec.decode(flat) if codec else flat, share=shared)
             holder["optimizer"].step()
 
     await ctx.evaluate_shared(model, epoch=0.0, step=0)
