@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run, topology
 from scaledl_lab.analysis import best_worker, step_rates
+from scaledl_lab.params import write_grads
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.worker import load_for
 
@@ -236,3 +238,18 @@ def test_the_simulator_charges_every_neighbour_gradient_it_applies(tmp_path, str
     model_bytes = 4 * (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10)
     assert applied == 20
     assert ends[1e-9] - ends[0.0] == pytest.approx(20 * model_bytes * 1e-9, rel=1e-6)
+
+
+def test_a_message_applied_as_shared_gradients_is_never_accumulated_into():
+    """NNT applies a mailbox's message as views (no copy); the next zero_grad drops them, so
+    the next backward writes new gradients and leaves the message alone."""
+    model = torch.nn.Linear(3, 2)
+    params = list(model.parameters())
+    message = torch.arange(8.0)
+    write_grads(params, message, share=True)
+    assert [p.grad.data_ptr() for p in params] == [message.data_ptr(), message[6:].data_ptr()]
+    optimizer = torch.optim.SGD(params, lr=0.1, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad()
+    model(torch.ones(1, 3)).sum().backward()
+    assert torch.equal(message, torch.arange(8.0))

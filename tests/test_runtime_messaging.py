@@ -82,6 +82,36 @@ def test_irecv_is_ready_only_once_the_message_has_arrived_in_virtual_time():
     assert seen["values"] == (True, 1.0, 2.0)  # matched in the order they were sent
 
 
+def test_a_message_is_what_was_sent_whichever_way_it_is_received():
+    """Sent to a posted receive (copied into its buffer), to a mailbox's posted receive, or
+    before any receive (queued): each message holds the sender's tensor as it was when sent."""
+    world = SimWorld(2, _cost())
+    got = {}
+
+    async def program(comm):
+        if comm.rank == 0:
+            async with comm.compute(0):  # rank 1 posts its receives meanwhile
+                pass
+            x = torch.zeros(3)
+            sends = []
+            for value in (1.0, 2.0, 3.0):
+                x.fill_(value)  # the same tensor, changed after each send
+                sends.append(comm.isend(x, dst=1))
+            for pending in sends:
+                await pending.wait()
+            x.fill_(-1.0)
+            return
+        posted = comm.irecv(torch.zeros(3), src=0)
+        box = comm.mailbox(0, torch.zeros(3), total=2)  # keeps one receive posted
+        got["posted"] = (await posted.wait()).tolist()
+        first, second = await box.get(), await box.get()  # the second was queued
+        got["box"] = [first.tolist(), second.tolist()]
+        got["distinct"] = first.data_ptr() != second.data_ptr()
+
+    world.run([program] * 2)
+    assert got == {"posted": [1.0] * 3, "box": [[2.0] * 3, [3.0] * 3], "distinct": True}
+
+
 def test_a_parked_call_is_answered_after_the_state_change_it_waits_for():
     world = SimWorld(3, _cost(), [Counter()])
     replies = {}
