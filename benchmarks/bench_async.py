@@ -83,6 +83,33 @@ def plain_sgd_rate(model_name: str, batch: int, steps: int) -> float:
         torch.set_num_threads(threads)
 
 
+SIDES = ("ps", "plain", "hog2", "hog1")
+
+
+def measure(
+    client, model: str, batch: int, steps: int, rounds: int, sides: tuple[str, ...] = SIDES
+) -> dict[str, list[float]]:
+    """Updates/s of each side per round, the sides taking turns in the order of ``SIDES``.
+
+    ps: ``ps-async`` on 2 workers; plain: the single-process loop (2 × ``steps`` steps);
+    hog2 / hog1: ``hogwild`` with 2 processes / 1 process.
+    """
+    dask_rate(client, "ps-async", 2, model, batch, 20)  # start torch and load data on the workers
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side in (s for s in SIDES if s in sides):
+            if side == "ps":
+                rate = dask_rate(client, "ps-async", 2, model, batch, steps)
+            elif side == "plain":
+                rate = plain_sgd_rate(model, batch, 2 * steps)
+            elif side == "hog2":
+                rate = dask_rate(client, "hogwild", 2, model, batch, steps)
+            else:
+                rate = dask_rate(client, "hogwild", 1, model, batch, 2 * steps)
+            runs[side].append(rate)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlp")
@@ -94,18 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.steps = min(args.steps, 60)
     m, b, s = args.model, args.batch, args.steps
-    runs: dict[str, list[float]] = {"ps": [], "plain": [], "hog2": [], "hog1": []}
     with connect(2, dashboard=False, log=None) as client:
         print(
             f"model={m}, batch {b} per worker, {s} timed steps per worker after {WARMUP} "
             f"warm-up, median of {args.rounds} rounds (sides alternate)"
         )
-        dask_rate(client, "ps-async", 2, m, b, 20)  # start torch and load data on the workers
-        for _ in range(args.rounds):
-            runs["ps"].append(dask_rate(client, "ps-async", 2, m, b, s))
-            runs["plain"].append(plain_sgd_rate(m, b, 2 * s))
-            runs["hog2"].append(dask_rate(client, "hogwild", 2, m, b, s))
-            runs["hog1"].append(dask_rate(client, "hogwild", 1, m, b, 2 * s))
+        runs = measure(client, m, b, s, args.rounds)
     ps, plain, hog2, hog1 = (statistics.median(runs[k]) for k in ("ps", "plain", "hog2", "hog1"))
     print(f"\n{'what':<52} {'updates/s':>10} {'rounds':>24}")
     for label, key in (

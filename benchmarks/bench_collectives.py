@@ -57,14 +57,20 @@ def make_program(reps: int):
     return program
 
 
+def measure(client, reps: int = 40) -> dict[int, dict[str, float]]:
+    """Median seconds of each kind in ``KINDS`` per size in ``SIZES``, timed on rank 0."""
+    cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
+    program = make_program(reps)
+    results = execute(cfg, "collectives", lambda rows: None, client=client, program=program)
+    return results.results[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=40)
     args = parser.parse_args()
     with connect(2, dashboard=False, log=None) as client:
-        cfg = ExperimentConfig(workers=2, model="mlp", **DATA)
-        program = make_program(args.reps)
-        results = execute(cfg, "collectives", lambda rows: None, client=client, program=program)
+        timings = measure(client, args.reps)
     print(f"allreduce, 2 Dask workers (gloo), median of {args.reps} interleaved repetitions")
     print("ratio = raw time / ours (1.00: no overhead)")
     print(
@@ -72,7 +78,7 @@ def main() -> None:
         f"{'ours async':>10} {'raw async':>9} {'ratio':>6}"
     )
     for nbytes in SIZES:
-        t = {k: v * 1e3 for k, v in results.results[0][nbytes].items()}
+        t = {k: v * 1e3 for k, v in timings[nbytes].items()}
         print(
             f"{nbytes >> 20:>4}MB {t['ours']:>8.2f} {t['raw']:>7.2f} "
             f"{t['raw'] / t['ours']:>6.2f}   "

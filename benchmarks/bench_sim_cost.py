@@ -50,6 +50,26 @@ def simulated(cfg: ExperimentConfig) -> float:
     return time.perf_counter() - start
 
 
+def measure(model: str, workers: int, steps: int, batch_size: int = 32) -> tuple[float, float]:
+    """Seconds (best of 2) for the plain gradients and for the simulated run, in that order."""
+    # Evaluation sets of one sample per worker: the comparison is about training steps.
+    cfg = ExperimentConfig(
+        strategy="allreduce",
+        runtime="sim",
+        workers=workers,
+        model=model,
+        batch_size=batch_size,
+        max_steps=steps,
+        train_subset=workers * batch_size * steps,
+        val_size=workers,
+        test_subset=workers,
+    )
+    load_for(cfg)  # data loading is not part of either side
+    plain = min(plain_gradients(cfg) for _ in range(2))
+    sim = min(simulated(cfg) for _ in range(2))
+    return plain, sim
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[16, 64])
@@ -62,21 +82,7 @@ def main() -> None:
     print(f"{'model':>6} {'workers':>8} {'steps':>6} {'plain s':>9} {'sim s':>8} {'ratio':>6}")
     for model in args.models:
         for n in args.workers:
-            # Evaluation sets of one sample per worker: the comparison is about training steps.
-            cfg = ExperimentConfig(
-                strategy="allreduce",
-                runtime="sim",
-                workers=n,
-                model=model,
-                batch_size=args.batch_size,
-                max_steps=args.steps,
-                train_subset=n * args.batch_size * args.steps,
-                val_size=n,
-                test_subset=n,
-            )
-            load_for(cfg)  # data loading is not part of either side
-            plain = min(plain_gradients(cfg) for _ in range(2))
-            sim = min(simulated(cfg) for _ in range(2))
+            plain, sim = measure(model, n, args.steps, args.batch_size)
             print(
                 f"{model:>6} {n:>8} {args.steps:>6} {plain:>9.2f} {sim:>8.2f} {sim / plain:>6.2f}",
                 flush=True,

@@ -25,6 +25,39 @@ from scaledl_lab.scaling import step_time
 DATA = dict(train_subset=20_000, val_size=200, test_subset=200)
 
 
+def measure(
+    client, targets: list[tuple[str, int]], steps: int, rounds: int, log=print
+) -> list[tuple[str, int, float, float]]:
+    """(model, batch, predicted s/step, measured s/step) for every target in every round.
+
+    ``log`` gets the first round's calibration report (None: quiet).
+    """
+    models = sorted({m for m, _ in targets})
+    rows = []
+    for round_ in range(rounds):
+        # Calibrate and measure close together: this machine's speed drifts over minutes.
+        path = calibrate(
+            tuple(models),
+            Path(tempfile.mkdtemp()) / "calibration.json",
+            client=client,
+            log=log if round_ == 0 else None,
+        )
+        for model, batch in targets:
+            cfg = ExperimentConfig(
+                strategy="allreduce",
+                workers=2,
+                model=model,
+                batch_size=batch,
+                max_steps=steps,
+                **DATA,
+            )
+            sim = cfg.replace(runtime="sim", compute_profile=str(path), network=str(path))
+            predicted = step_time(compare([sim], progress=False).frame)
+            measured = step_time(compare([cfg], client=client, progress=False).frame)
+            rows.append((model, batch, predicted, measured))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=["cnn:64", "cnn:256", "mlp:64", "mlp:256"])
@@ -32,31 +65,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     targets = [(t.split(":")[0], int(t.split(":")[1])) for t in args.targets]
-    models = sorted({m for m, _ in targets})
 
-    rows = []
     with connect(2, dashboard=False, log=None) as client:
-        for round_ in range(args.rounds):
-            # Calibrate and measure close together: this machine's speed drifts over minutes.
-            path = calibrate(
-                tuple(models),
-                Path(tempfile.mkdtemp()) / "calibration.json",
-                client=client,
-                log=print if round_ == 0 else None,
-            )
-            for model, batch in targets:
-                cfg = ExperimentConfig(
-                    strategy="allreduce",
-                    workers=2,
-                    model=model,
-                    batch_size=batch,
-                    max_steps=args.steps,
-                    **DATA,
-                )
-                sim = cfg.replace(runtime="sim", compute_profile=str(path), network=str(path))
-                predicted = step_time(compare([sim], progress=False).frame)
-                measured = step_time(compare([cfg], client=client, progress=False).frame)
-                rows.append((model, batch, predicted, measured))
+        rows = measure(client, targets, args.steps, args.rounds)
     print(
         f"\n{'model':>6} {'batch':>6} {'predicted ms':>13} {'measured ms':>12} {'error':>7}"
         f"   (median of {args.rounds} rounds; calibrated at batch 32 and 128)"

@@ -113,6 +113,28 @@ def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -
     return rate
 
 
+SIDES = ("ours", "ddp", "naive", "ddpm")
+
+
+def measure(
+    client, model: str, batch: int, steps: int, repeats: int, sides: tuple[str, ...] = SIDES
+) -> dict[str, list[float]]:
+    """Samples/s of each side per repeat, the sides taking turns in the order of ``SIDES``.
+
+    ours: the default (bucketed) reducer; naive: ``allreduce-naive``; ddp: plain DDP;
+    ddpm: DDP with the malloc tuning our workers apply.
+    """
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(repeats):
+        for side in (s for s in SIDES if s in sides):
+            if side in ("ours", "naive"):
+                strategy = "allreduce" if side == "ours" else "allreduce-naive"
+                runs[side].append(ours_throughput(client, strategy, model, batch, steps))
+            else:
+                runs[side].append(ddp_throughput(model, batch, steps, tuned=side == "ddpm"))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cnn")
@@ -135,16 +157,7 @@ def main() -> None:
             f"{'vs +malloc':>10} {'naive':>8} {'ratio':>6}"
         )
         for batch in args.batches:
-            runs: dict[str, list[float]] = {"ddp": [], "ddpm": [], "ours": [], "naive": []}
-            for _ in range(args.repeats):
-                runs["ours"].append(
-                    ours_throughput(client, "allreduce", args.model, batch, args.steps)
-                )
-                runs["ddp"].append(ddp_throughput(args.model, batch, args.steps, tuned=False))
-                runs["naive"].append(
-                    ours_throughput(client, "allreduce-naive", args.model, batch, args.steps)
-                )
-                runs["ddpm"].append(ddp_throughput(args.model, batch, args.steps, tuned=True))
+            runs = measure(client, args.model, batch, args.steps, args.repeats)
             d, dm, o, n = (statistics.median(runs[k]) for k in ("ddp", "ddpm", "ours", "naive"))
             print(
                 f"{batch:>12} {d:>8.1f} {dm:>10.1f} {o:>8.1f} {o / d:>6.2f} {o / dm:>10.2f} "
