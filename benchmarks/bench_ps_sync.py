@@ -1,0 +1,55 @@
+"""Side by side, in one run: the synchronous parameter server vs allreduce on 2 real Dask workers.
+
+`ps-sync` (one server; each step pushes the gradient and pulls the next version) against
+`allreduce` (the default, bucketed reducer): same model, seed, per-worker batch, data and
+optimiser. Throughput is samples/s over steady-state steps, read from the metrics table's time
+column as `bench_sync_sgd.py` reads it (the first WARMUP steps of each rank left out, ranks
+summed). The two sides alternate and medians over the rounds are reported; ratio = ps-sync /
+allreduce (issue #15 asks for at least 0.85).
+
+    python benchmarks/bench_ps_sync.py [--models mlp cnn] [--batch 64] [--steps 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench_sync_sgd import WARMUP, ours_throughput  # benchmarks/bench_sync_sgd.py
+
+from scaledl_lab.cluster import connect
+
+SIDES = ("ps", "allreduce")
+
+
+def measure(client, model: str, batch: int, steps: int, rounds: int) -> dict[str, list[float]]:
+    """Samples/s of ``ps-sync`` ("ps") and ``allreduce`` per round, the two taking turns."""
+    runs: dict[str, list[float]] = {side: [] for side in SIDES}
+    for _ in range(rounds):
+        runs["ps"].append(ours_throughput(client, "ps-sync", model, batch, steps))
+        runs["allreduce"].append(ours_throughput(client, "allreduce", model, batch, steps))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per worker")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with connect(2, dashboard=False, log=None) as client:
+        print(
+            f"2 Dask workers x 1 thread, batch {args.batch} per worker, {args.steps} timed steps "
+            f"after {WARMUP} warm-up, median of {args.rounds} rounds (sides alternate)"
+        )
+        print("ratio = ps-sync / allreduce (samples/s)")
+        print(f"{'model':>6} {'ps-sync':>9} {'allreduce':>10} {'ratio':>6}")
+        for model in args.models:
+            runs = measure(client, model, args.batch, args.steps, args.rounds)
+            ps, ar = (statistics.median(runs[k]) for k in SIDES)
+            print(f"{model:>6} {ps:>9.1f} {ar:>10.1f} {ps / ar:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
