@@ -125,7 +125,7 @@ QUICK = Settings(
     ps_rounds=1,
     async_steps=20,
     async_rounds=1,
-    sim_steps=2,
+    sim_steps=2,  # the simulator's start-up then weighs more: its ratios come out high
     fidelity_steps=10,
     fidelity_rounds=1,
 )
@@ -239,9 +239,11 @@ def measure_all(
             for piece in (p for p in PIECES if p in pieces and p in on_dask):
                 log(f"timing {piece} ...")
                 found[piece] = on_dask[piece](client, settings)
+                log(markdown(found[piece]))
     if "sim_cost" in pieces:
         log("timing sim_cost ...")
         found["sim_cost"] = sim_cost(settings)
+        log(markdown(found["sim_cost"]))
     return [f for piece in ORDER if piece in found for f in found[piece]]
 
 
