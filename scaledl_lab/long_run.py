@@ -259,3 +259,18 @@ def reproduce_long(
     results = compare_side_by_side(configs, out=out, jobs=jobs, progress=progress)
     write_long_report(results, out, tuning=tuning, tune_epochs=tune_epochs)
     return results
+
+
+def rewrite_report(
+    runs: str | os.PathLike[str], out: str | os.PathLike[str], tune_epochs: int = TUNE_EPOCHS
+) -> pd.DataFrame:
+    """The report of a finished long comparison (its folder ``runs``: metrics.csv, config.json,
+    tuning.csv) written afresh into ``out`` by this version of the report code; no run repeated."""
+    runs, out = Path(runs), Path(out)
+    results = Results.load(runs)
+    tuning_csv = runs / "tuning.csv"
+    tuning = pd.read_csv(tuning_csv) if tuning_csv.is_file() else None
+    results.save(out)
+    if tuning is not None and runs != out:
+        tuning.to_csv(out / "tuning.csv", index=False)
+    return write_long_report(results, out, tuning=tuning, tune_epochs=tune_epochs)

@@ -121,3 +121,18 @@ def _tiny_methods(setting):
         for label, cfg in _real_methods(setting)
         if label in ("allreduce", "nnt-torus")
     ]
+
+
+def test_a_report_is_rewritten_from_a_finished_run_without_repeating_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(long_run, "_sim_methods", _tiny_methods)
+    long_run.reproduce_long(
+        out=tmp_path / "runs", setting=TINY, seeds=(0,), lr_factors=(1.0, 3.0), tune_epochs=1,
+        jobs=1, progress=False,
+    )  # fmt: skip
+    monkeypatch.setattr(long_run, "compare", None)  # nothing may run again
+    long_run.rewrite_report(tmp_path / "runs", tmp_path / "again", tune_epochs=1)
+    before = pd.read_csv(tmp_path / "runs" / "comparison.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "comparison.csv"), before)
+    again = (tmp_path / "again" / "summary.md").read_text()
+    assert again == (tmp_path / "runs" / "summary.md").read_text()
+    assert (tmp_path / "again" / "tuning.csv").is_file()
