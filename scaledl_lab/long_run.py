@@ -142,7 +142,9 @@ def compare_side_by_side(
         for future in futures:
             future.result()
     frames = {p: pd.read_csv(p / "metrics.csv") for p in parts}
-    runs = {run: rows for frame in frames.values() for run, rows in frame.groupby("run", sort=False)}
+    runs = {
+        run: rows for frame in frames.values() for run, rows in frame.groupby("run", sort=False)
+    }
     frame = pd.concat([runs[c.label] for c in configs if c.label in runs], ignore_index=True)
     results = Results(frame=frame, configs=list(configs))
     results.save(out)
@@ -209,8 +211,8 @@ def write_long_report(
     lines = ["", "## The long comparison (simulated, seeds and learning-rate grid)", ""]
     if tuning is not None:
         lines += [
-            f"Learning rates, chosen on validation after {tune_epochs} epochs (seed 0); the rate of "
-            "each method's kept row is the one every seed below ran with:",
+            f"Learning rates, chosen on validation after {tune_epochs} epochs (seed 0); the rate "
+            "of each method's kept row is the one every seed below ran with:",
             "",
             report_markdown(tuning),
         ]

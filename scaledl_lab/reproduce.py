@@ -11,11 +11,12 @@ same model, data and worker count. We run the same comparison, side by side:
 
 Each method runs with the paper's optimiser: NNT with AdaGrad lr 0.01, weight decay 1e-4
 (FAST's main runs, ``PAPER_NNT``), the synchronous and parameter-server baselines with Adam lr
-1e-3 and each gradient element clipped at 10, as MXNet's parameter server (``MXNET``); two more simulated rows give NNT the baseline's optimiser
-and allreduce NNT's ("same optimiser"). Quick mode (`--quick`, or SCALEDL_QUICK=1):
-Fashion-MNIST and an MLP, the decisive simulated runs (allreduce, NNT torus) with
-``QUICK_SEEDS``. Full mode: ResNet-18 on CIFAR-10, batch 128 per worker, as in the paper's main
-runs; its 16-worker runs go on the Dask cluster given by ``--address`` (one worker per device).
+1e-3 and each gradient element clipped at 10, as MXNet's parameter server (``MXNET``); two
+more simulated rows give NNT the baseline's optimiser and allreduce NNT's ("same optimiser").
+Quick mode (`--quick`, or SCALEDL_QUICK=1): Fashion-MNIST and an MLP, the decisive simulated
+runs (allreduce, NNT torus) with ``QUICK_SEEDS``. Full mode: ResNet-18 on CIFAR-10, batch 128
+per worker, as in the paper's main runs; its 16-worker runs go on the Dask cluster given by
+``--address`` (one worker per device).
 ``paper_configs(seeds=..., lr_factors=...)`` repeats the simulated runs over seeds and over a
 grid of learning rates (each method's rate × factor, chosen on validation by the report).
 

@@ -28,7 +28,9 @@ def test_the_long_comparison_is_simulated_full_data_twenty_epochs_and_seeds():
 def test_the_tuning_phase_tries_every_rate_of_the_grid_once():
     configs = long_run.tune_configs()
     assert len(configs) == len(long_run.LONG_METHODS) * len(LR_GRID)
-    assert {c.epochs for c in configs} == {long_run.TUNE_EPOCHS} and {c.seed for c in configs} == {0}
+    assert {c.epochs for c in configs} == {long_run.TUNE_EPOCHS} and {c.seed for c in configs} == {
+        0
+    }
     torus = sorted(c.lr for c in configs if c.strategy == "nnt" and c.topology == "torus:4x4")
     assert torus == pytest.approx([0.01 / 3, 0.01, 0.03])
 
@@ -116,8 +118,12 @@ _real_methods = long_run._sim_methods
 
 def _tiny_methods(setting):
     return [
-        (label, cfg.replace(test_subset=200, val_size=200, workers=9,
-                            topology=cfg.topology and "torus:3x3"))  # fmt: skip
+        (
+            label,
+            cfg.replace(
+                test_subset=200, val_size=200, workers=9, topology=cfg.topology and "torus:3x3"
+            ),
+        )  # fmt: skip
         for label, cfg in _real_methods(setting)
         if label in ("allreduce", "nnt-torus")
     ]
