@@ -1,4 +1,4 @@
-"""Issue #15's performance table in one run: every figure timed here, as a ratio to its reference.
+"""The performance targets in one run: every figure timed here, as a ratio to its reference.
 
 Calls the measurements of the other side-by-side scripts on one 2-worker Dask cluster:
 
@@ -10,8 +10,8 @@ Calls the measurements of the other side-by-side scripts on one 2-worker Dask cl
 - ``bench_sim_fidelity``: the simulator's predicted step time vs the measured one;
 
 then, with the cluster closed, ``bench_sim_cost``: simulating N workers vs the same gradients
-computed plainly (MLP and CNN, N = 16 and 64). It prints one markdown table with the issue's
-acceptance targets; nothing in it is typed in, only the targets.
+computed plainly (MLP and CNN, N = 16 and 64). It prints one markdown table with the project's
+performance targets; nothing in it is typed in, only the targets.
 
     python benchmarks/bench_perf_table.py [--quick] [--out table.csv] [--only sim_cost ...]
 
@@ -37,7 +37,7 @@ FIDELITY_TARGETS = [("cnn", 64), ("cnn", 256), ("mlp", 64), ("mlp", 256)]
 
 @dataclass(frozen=True)
 class Target:
-    """The issue's bound on a ratio: at least ``low``, at most ``high`` (None: no bound)."""
+    """The target bound on a ratio: at least ``low``, at most ``high`` (None: no bound)."""
 
     low: float | None = None
     high: float | None = None
@@ -58,7 +58,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Figure:
-    """One row: our value, the reference's (both in ``unit``), and the ratio the issue judges."""
+    """One row: our value, the reference's (both in ``unit``), and the ratio the target judges."""
 
     what: str
     ours: float
@@ -77,7 +77,7 @@ def _number(x: float) -> str:
 def markdown(figures: Sequence[Figure]) -> str:
     """The table in markdown, one row per figure."""
     lines = [
-        "| what | ours | reference | ratio | issue target | met? |",
+        "| what | ours | reference | ratio | target | met? |",
         "|---|---|---|---|---|---|",
     ]
     for f in figures:
@@ -98,7 +98,7 @@ def write_csv(figures: Sequence[Figure], path: str | Path) -> None:
             out.writerow([f.what, f.ours, f.reference, f.unit, f.ratio, f.target.text(), met])
 
 
-# Each piece times one part of the table and returns its figures. Ratios follow the issue:
+# Each piece times one part of the table and returns its figures. Ratios follow the targets:
 # reference time / ours for a collective, ours / reference for a rate, and simulator /
 # plain and predicted / measured for the simulator's cost and fidelity.
 
@@ -220,7 +220,7 @@ def sim_cost(s: Settings) -> list[Figure]:
     return figures
 
 
-ORDER = ("collectives", "sync_sgd", "ps_sync", "async", "sim_cost", "sim_fidelity")  # the issue's
+ORDER = ("collectives", "sync_sgd", "ps_sync", "async", "sim_cost", "sim_fidelity")  # the table's
 
 
 def measure_all(
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         print(message, file=sys.stderr, flush=True)
 
     figures = measure_all(settings, args.only, log)
-    print(f"issue #15's figures, timed in this run{' (--quick: noisy)' if quick else ''}:\n")
+    print(f"the performance figures, timed in this run{' (--quick: noisy)' if quick else ''}:\n")
     print(markdown(figures))
     if args.out:
         write_csv(figures, args.out)

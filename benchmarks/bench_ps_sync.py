@@ -5,7 +5,7 @@
 optimiser. Throughput is samples/s over steady-state steps, read from the metrics table's time
 column as `bench_sync_sgd.py` reads it (the first WARMUP steps of each rank left out, ranks
 summed). The two sides alternate and medians over the rounds are reported; ratio = ps-sync /
-allreduce (issue #15 asks for at least 0.85).
+allreduce (the target is at least 0.85).
 
     python benchmarks/bench_ps_sync.py [--models mlp cnn] [--batch 64] [--steps 60] [--rounds 3]
 """

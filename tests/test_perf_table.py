@@ -45,7 +45,7 @@ def test_markdown_has_one_row_per_figure_with_its_verdict(table):
         table.Figure("ps-sync, MLP", 6676.0, 11030.0, "samples/s", 0.8, table.Target(low=0.6)),
     ]
     assert table.markdown(figures).splitlines() == [
-        "| what | ours | reference | ratio | issue target | met? |",
+        "| what | ours | reference | ratio | target | met? |",
         "|---|---|---|---|---|---|",
         "| allreduce 1 MB | 4.47 ms | 1.61 ms | ×0.36 | ≥ 0.90 | **no** |",
         "| ps-sync, MLP | 6,676 samples/s | 11,030 samples/s | ×0.80 | ≥ 0.60 | yes |",
