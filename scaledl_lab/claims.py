@@ -8,7 +8,7 @@ difference lies inside the spread over seeds. Runs that differ only in their see
 their learning rate (" · lr×F") are one method whose rate is chosen on validation
 (:func:`by_method`). Every number in its text comes from the tables or from the configs they
 record (topology, straggler setting), never typed in. Each verdict opens with the claim as the
-project's account of the paper (``../shared/PAPER.md``) states it, quoted from :data:`QUOTES`.
+project's account of the paper (``docs/PAPER.md``) states it, quoted from :data:`QUOTES`.
 """
 
 from __future__ import annotations
