@@ -143,6 +143,12 @@ def collectives(client, s: Settings) -> list[Figure]:
     return figures
 
 
+def _medians(what: str, runs: dict, ours: str, ref: str, unit: str, target: Target) -> Figure:
+    """A figure from two sides' repeated rates: their medians, ratio ours / reference."""
+    mine, theirs = statistics.median(runs[ours]), statistics.median(runs[ref])
+    return Figure(what, mine, theirs, unit, mine / theirs, target)
+
+
 def sync_sgd(client, s: Settings) -> list[Figure]:
     import bench_sync_sgd
 
@@ -151,9 +157,8 @@ def sync_sgd(client, s: Settings) -> list[Figure]:
         runs = bench_sync_sgd.measure(
             client, "cnn", batch, s.sync_steps, s.sync_repeats, sides=("ours", "ddpm")
         )
-        ours, ddp = statistics.median(runs["ours"]), statistics.median(runs["ddpm"])
         what = f"sync DP (default reducer) vs DDP + same malloc tuning, CNN, batch {batch}"
-        figures.append(Figure(what, ours, ddp, "samples/s", ours / ddp, Target(low=0.95)))
+        figures.append(_medians(what, runs, "ours", "ddpm", "samples/s", Target(low=0.95)))
     return figures
 
 
@@ -163,9 +168,8 @@ def ps_sync(client, s: Settings) -> list[Figure]:
     figures = []
     for model in ("mlp", "cnn"):
         runs = bench_ps_sync.measure(client, model, 64, s.ps_steps, s.ps_rounds)
-        ps, ar = statistics.median(runs["ps"]), statistics.median(runs["allreduce"])
         what = f"ps-sync vs allreduce, 2 workers, {model.upper()}, batch 64"
-        figures.append(Figure(what, ps, ar, "samples/s", ps / ar, Target(low=0.85)))
+        figures.append(_medians(what, runs, "ps", "allreduce", "samples/s", Target(low=0.85)))
     return figures
 
 
@@ -177,9 +181,8 @@ def async_ps(client, s: Settings) -> list[Figure]:
         runs = bench_async.measure(
             client, model, 64, s.async_steps, s.async_rounds, sides=("ps", "plain")
         )
-        ps, plain = statistics.median(runs["ps"]), statistics.median(runs["plain"])
         what = f"async PS, 2 workers vs plain 1-process loop, {model.upper()}, batch 64"
-        figures.append(Figure(what, ps, plain, "updates/s", ps / plain, Target(low, note=today)))
+        figures.append(_medians(what, runs, "ps", "plain", "updates/s", Target(low, note=today)))
     return figures
 
 
