@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 
 from .claims import LR_VARIANT, SEED, by_method, verdicts
 from .experiment import Results, compare
+from .plots import line_styles, method_of
 from .reproduce import (
     LR_GRID,
     SIM_WORKERS,
@@ -104,8 +105,7 @@ def long_configs(
 
 
 def _cost(cfg: Any) -> float:
-    label = cfg.name.split(" · ")[0]
-    return COST.get(label, 1.0) * cfg.epochs
+    return COST.get(method_of(cfg.name)[0], 1.0) * cfg.epochs
 
 
 def _share(configs: list[Any], jobs: int) -> list[list[Any]]:
@@ -141,11 +141,9 @@ def compare_side_by_side(
         futures = [pool.submit(_run_share, s, str(p)) for s, p in zip(shares, parts, strict=True)]
         for future in futures:
             future.result()
-    frames = {p: pd.read_csv(p / "metrics.csv") for p in parts}
-    runs = {
-        run: rows for frame in frames.values() for run, rows in frame.groupby("run", sort=False)
-    }
-    frame = pd.concat([runs[c.label] for c in configs if c.label in runs], ignore_index=True)
+    frame = pd.concat([pd.read_csv(p / "metrics.csv") for p in parts], ignore_index=True)
+    order = {c.label: i for i, c in enumerate(configs)}  # each run's rows stay in their order
+    frame = frame.sort_values("run", key=lambda r: r.map(order), kind="stable", ignore_index=True)
     results = Results(frame=frame, configs=list(configs))
     results.save(out)
     return results
@@ -170,15 +168,18 @@ def seed_bands(frame: pd.DataFrame, x: str = "epoch") -> Figure:
     (seeds averaged; the band spans ± one standard deviation over seeds)."""
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
+    styles = line_styles(frame)  # a method's colour as in the other figures of the report
     runs = list(dict.fromkeys(frame.loc[frame["kind"] == "test", "run"]))
     methods: dict[str, list[pd.DataFrame]] = {}
+    colours: dict[str, str] = {}
     for run in runs:
         methods.setdefault(SEED.sub("", run), []).append(_mean_test_curve(frame, run))
-    for i, (method, curves) in enumerate(methods.items()):
+        colours.setdefault(SEED.sub("", run), styles[run][0])
+    for method, curves in methods.items():
         joined = pd.concat(curves, keys=range(len(curves))).groupby(level=1)
         mean, sd = joined.mean(), joined.std(ddof=1).fillna(0.0)
         xs = mean.index if x == "epoch" else mean["time"]
-        colour = f"C{i % 10}"
+        colour = colours[method]
         ax.plot(xs, mean["accuracy"], color=colour, label=method)
         lo, hi = mean["accuracy"] - sd["accuracy"], mean["accuracy"] + sd["accuracy"]
         ax.fill_between(xs, lo, hi, color=colour, alpha=0.2)
