@@ -29,6 +29,12 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     d = ExperimentConfig.__dataclass_fields__
     opts = run.add_argument_group("strategy options")
     opts.add_argument("--servers", type=int, default=d["servers"].default, help="PS shards")
+    opts.add_argument(
+        "--server-transport",
+        default=d["server_transport"].default,
+        help="PS and EASGD servers on real workers: auto (shared memory when one machine holds "
+        "the servers and every worker, else actor calls) | shm | actor",
+    )
     opts.add_argument("--backup-workers", type=int, default=d["backup_workers"].default)
     opts.add_argument("--n-fetch", type=int, default=d["n_fetch"].default, help="downpour")
     opts.add_argument("--n-push", type=int, default=d["n_push"].default, help="downpour")
@@ -93,7 +99,8 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
 def config_options(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields these options set."""
     return dict(
-        servers=args.servers, backup_workers=args.backup_workers, n_fetch=args.n_fetch,
+        servers=args.servers, server_transport=args.server_transport,
+        backup_workers=args.backup_workers, n_fetch=args.n_fetch,
         n_push=args.n_push, dc_lambda=args.dc_lambda, dc_adaptive=args.dc_adaptive,
         sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
         elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,

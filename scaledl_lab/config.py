@@ -22,6 +22,7 @@ from .contract import (
     PRECISIONS,
     RUNTIMES,
     SERVER_STRATEGIES,
+    SERVER_TRANSPORTS,
     SHARDINGS,
     TOPOLOGY_STRATEGIES,
 )
@@ -97,6 +98,7 @@ class ExperimentConfig:
     stragglers: str | None = None
     # Strategy options (each is used only by the strategies named in its comment).
     servers: int = 1  # parameter-server shards (ps-*, downpour, staleness-aware, dc-asgd, backup)
+    server_transport: str = "auto"  # Dask runtime, servers' calls: auto | shm | actor (shm_link)
     backup_workers: int = 1  # backup-workers: the step uses the first workers - b gradients
     n_fetch: int = 1  # downpour: pull the parameters every n_fetch steps
     n_push: int = 1  # downpour: push the accumulated gradient every n_push steps
@@ -220,6 +222,11 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"device={cfg.device!r} is unknown; allowed: {choices(DEVICES)}")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"precision={cfg.precision!r} is unknown; allowed: {choices(PRECISIONS)}")
+    if cfg.server_transport not in SERVER_TRANSPORTS:
+        raise ConfigError(
+            f"server_transport={cfg.server_transport!r} is unknown; "
+            f"allowed: {choices(SERVER_TRANSPORTS)}"
+        )
     for name in ("workers", "epochs", "batch_size"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

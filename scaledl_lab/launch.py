@@ -76,6 +76,7 @@ def launch_for(
         device=cfg.device,
         timeout_s=cfg.timeout_s,
         stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed) if cfg.stragglers else None,
+        server_transport=cfg.server_transport,
     )
 
 

@@ -23,6 +23,7 @@ from ..errors import ConfigError, RunError, WorkerLostError
 from .base import Launch, Outcome
 from .dask_worker import ServerHost, free_port, run_rank, take_rows
 from .devices import plan_devices, probe
+from .shm_link import host_key, use_shared_memory
 
 POLL_S = 0.25
 LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
@@ -82,6 +83,7 @@ def run_dask(
         for make, addr in zip(launch.servers, server_hosts, strict=True)
     ]
     actors = [f.result() for f in server_futures]
+    links = _server_links(client, launch, addresses, actors, queue_name)
     futures = [
         client.submit(
             run_rank,
@@ -92,6 +94,7 @@ def run_dask(
             actors,
             server_hosts,
             device=devices[rank],
+            server_links=links,
             key=f"{label}-rank{rank}-{uuid.uuid4().hex[:8]}",
             workers=[addr],
             allow_other_workers=False,
@@ -163,6 +166,11 @@ def run_dask(
         for f in futures:
             if not f.done():
                 f.cancel()
+        for a in actors:  # stop each server's shared-memory thread, remove its files
+            try:
+                a.close().result(timeout=GRACE_S)
+            except Exception:  # its worker may be gone
+                pass
         for f in server_futures:
             f.release()
         try:
@@ -171,6 +179,25 @@ def run_dask(
         except Exception:  # the scheduler may be gone when the cluster is closing
             pass
         queue.close()
+
+
+def _server_links(
+    client: Client, launch: Launch, addresses: list[str], actors: list[Any], run_id: str
+) -> list[dict[str, Any]] | None:
+    """Each server's shared-memory address (:mod:`.shm_link`) when the run's calls go that way,
+    else None (actor calls). ``auto`` takes shared memory when the servers and every rank are
+    on one machine; ``shm`` insists on it; ``actor`` never takes it."""
+    if not actors or launch.server_transport == "actor":
+        return None
+    keys = [client.submit(host_key, workers=[a], pure=False) for a in addresses]
+    hosts = client.gather(keys) + [a.host().result() for a in actors]
+    if not use_shared_memory(launch.server_transport, hosts, launch.label):
+        return None
+    calls = [
+        a.serve_shm(f"/dev/shm/scaledl-{run_id}-server{i}", launch.world_size)
+        for i, a in enumerate(actors)
+    ]
+    return [c.result() for c in calls]
 
 
 def _collect_unsent(

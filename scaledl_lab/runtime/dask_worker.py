@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from distributed import Queue, get_worker
 from .base import NOT_READY, Launch, clone_tensors, tensor_bytes
 from .devices import use_device
 from .memory import keep_freed_memory
+from .shm_link import ShmServer, host_key
 from .torch_comm import TorchComm
 
 FLUSH_S = 0.5
@@ -35,6 +37,7 @@ class ServerHost:
         self.obj = make()
         self.calls = self.bytes_in = self.bytes_out = 0
         self._changed: asyncio.Condition | None = None
+        self._shm: ShmServer | None = None
 
     async def call(self, method: str, args: tuple[Any, ...]) -> Any:
         if self._changed is None:
@@ -48,6 +51,29 @@ class ServerHost:
         self.bytes_out += tensor_bytes(value)
         # The reply is serialised later, after other calls may have changed the server.
         return clone_tensors(value)
+
+    def _apply(self, method: str, args: tuple[Any, ...]) -> Any:
+        """One call through shared memory (:mod:`.shm_link`), counted as an actor call is."""
+        value = getattr(self.obj, method)(*args)
+        if value is not NOT_READY:
+            self.calls += 1
+            self.bytes_in += tensor_bytes(args)
+            self.bytes_out += tensor_bytes(value)
+        return value
+
+    def serve_shm(self, directory: str, ranks: int) -> dict[str, Any]:
+        """From now on answer the ranks' calls through shared memory; what they need to."""
+        self._shm = ShmServer(Path(directory), ranks, self._apply)
+        return self._shm.address()
+
+    def host(self) -> str:
+        return host_key()
+
+    def close(self) -> None:
+        """The run is over: stop the shared-memory thread and remove its files."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
 
     def stats(self) -> dict[str, int]:
         return {"calls": self.calls, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
@@ -134,10 +160,12 @@ def run_rank(
     servers: list[Any],
     server_addresses: list[str],
     device: str = "cpu",
+    server_links: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The one long-running task of a rank: rendezvous, run the program, always leave the group.
 
-    ``device``: the one the driver planned for this worker (:mod:`.devices`)."""
+    ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
+    each server's shared-memory address (:mod:`.shm_link`), or None for actor calls."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     keep_freed_memory()
     where = use_device(device)
@@ -163,6 +191,7 @@ def run_rank(
                 run_id=queue_name,
                 servers=servers,
                 server_addresses=server_addresses,
+                server_links=server_links,
                 timeout_s=launch.timeout_s,
                 device=where,
                 before_exit=sink.flush,
@@ -172,6 +201,7 @@ def run_rank(
             try:
                 return asyncio.run(launch.program(comm, where, sink.emit))
             finally:
+                comm.close_links()
                 sink.flush()
                 _SINKS.pop(queue_name, None)
     finally:

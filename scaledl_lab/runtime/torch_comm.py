@@ -25,8 +25,19 @@ import torch.distributed as dist
 from ..cost import allgather_bytes, ring_allreduce_bytes
 from ..errors import RunError, ServerLostError
 from .base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
+from .shm_link import ShmClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
-from .torch_work import _ActorCall, _Done, _Failed, _moved, _Posted, _Sent, _ThreadMailbox, _Work
+from .torch_work import (
+    _ActorCall,
+    _Done,
+    _Failed,
+    _moved,
+    _Posted,
+    _Sent,
+    _ShmCall,
+    _ThreadMailbox,
+    _Work,
+)
 
 
 class TorchComm(Comm):
@@ -44,6 +55,7 @@ class TorchComm(Comm):
         run_id: str = "",
         servers: list[Any] | None = None,
         server_addresses: list[str] | None = None,
+        server_links: list[dict[str, Any]] | None = None,
         timeout_s: float = 60.0,
         device: torch.device | None = None,
         before_exit: Callable[[], None] = lambda: None,
@@ -63,6 +75,8 @@ class TorchComm(Comm):
         self.run_id = run_id
         self.servers = servers or []
         self.server_addresses = server_addresses or []
+        # Servers on this machine answer through shared memory (.shm_link), else actor calls.
+        self.links = [ShmClient(a, rank) for a in server_links or []]
         self.timeout_s = timeout_s
         self.timeout = timedelta(seconds=timeout_s)
         self.groups: dict[Group, Any] = {}
@@ -221,11 +235,19 @@ class TorchComm(Comm):
         self.bytes_sent += tensor_bytes(args)
         if self.device is not None:  # servers live in other processes, on the CPU
             args = _moved(args, torch.device("cpu"))
+        if self.links:
+            self.links[server].start(method, args)
+            return _ShmCall(self, server, self.links[server])
         try:
             future = self.servers[server].call(method, args)
         except Exception as exc:  # the actor's worker is already gone
             raise self.server_lost(server, "is gone", exc) from None
         return _ActorCall(self, server, future)
+
+    def close_links(self) -> None:
+        for link in self.links:
+            link.close()
+        self.links = []
 
     def server_lost(self, server: int, what: str, exc: Exception) -> ServerLostError:
         return ServerLostError(

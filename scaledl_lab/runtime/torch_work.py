@@ -167,6 +167,22 @@ class _ActorCall(Pending):
         return self.comm.to_device(value)
 
 
+class _ShmCall(Pending):
+    """A call through shared memory (:mod:`.shm_link`): the reply, or the server's error."""
+
+    def __init__(self, comm: Any, server: int, link: Any) -> None:
+        self.comm, self.server, self.link = comm, server, link
+
+    async def wait(self) -> Any:
+        try:
+            value = self.link.wait(self.comm.timeout_s)
+        except (TimeoutError, ProcessLookupError) as exc:
+            raise self.comm.server_lost(self.server, "did not answer", exc) from None
+        except RuntimeError as exc:
+            raise RunError(f"server {self.server} failed in a call: {exc}") from None
+        return self.comm.to_device(value)
+
+
 def _moved(value: Any, device: torch.device) -> Any:
     """``value`` with its tensors on ``device`` (tuples, lists and dicts walked)."""
     if isinstance(value, torch.Tensor):

@@ -118,7 +118,7 @@ class Shards:
         self.codec = push_codec(ctx, self.params)  # None without compression
 
     def _load(self, replies: list) -> None:
-        weights = torch.cat([w for w, _, _ in replies])
+        weights = replies[0][0] if len(replies) == 1 else torch.cat([w for w, _, _ in replies])
         load_param_vector(self.params, weights.to(self.params[0].dtype))
         self.versions = [v for _, v, _ in replies]
         self.progress = replies[0][2]
