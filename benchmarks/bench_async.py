@@ -1,8 +1,9 @@
 """Side by side: asynchronous parameter server and Hogwild! on real Dask workers vs plain PyTorch.
 
-1. `ps-async` with 2 Dask workers and one parameter server (a Dask actor beside rank 0):
-   gradients applied per second, against the steps per second of a plain single-process PyTorch
-   SGD loop (one thread) on the same model, batch size and data.
+1. `ps-async` with 2 Dask workers and one parameter server (a Dask actor beside rank 0, called
+   through shared memory, the default on one machine, and through actor calls,
+   `--server-transport actor`): gradients applied per second, against the steps per second of
+   a plain single-process PyTorch SGD loop (one thread) on the same model, batch size and data.
 2. `hogwild` with 2 worker processes sharing the parameters in /dev/shm against `hogwild` with
    1 process: updates per second.
 
@@ -33,8 +34,11 @@ WARMUP = 10
 DATA = dict(train_subset=40_000, test_subset=200, val_size=200)
 
 
-def _config(strategy: str, workers: int, model: str, batch: int, steps: int) -> ExperimentConfig:
+def _config(
+    strategy: str, workers: int, model: str, batch: int, steps: int, transport: str = "auto"
+) -> ExperimentConfig:
     return ExperimentConfig(
+        server_transport=transport,
         strategy=strategy,
         workers=workers,
         model=model,
@@ -60,8 +64,10 @@ def updates_per_second(rows: list[dict]) -> float:
     return sum(start < r["time"] <= end for r in applied) / (end - start)
 
 
-def dask_rate(client, strategy: str, workers: int, model: str, batch: int, steps: int) -> float:
-    cfg = _config(strategy, workers, model, batch, steps)
+def dask_rate(
+    client, strategy: str, workers: int, model: str, batch: int, steps: int, transport="auto"
+) -> float:
+    cfg = _config(strategy, workers, model, batch, steps, transport)
     rows: list[dict] = []
     execute(cfg, cfg.label, rows.extend, client=client)
     return updates_per_second(rows)
@@ -83,7 +89,7 @@ def plain_sgd_rate(model_name: str, batch: int, steps: int) -> float:
         torch.set_num_threads(threads)
 
 
-SIDES = ("ps", "plain", "hog2", "hog1")
+SIDES = ("ps", "ps-actor", "plain", "hog2", "hog1")
 
 
 def measure(
@@ -91,15 +97,17 @@ def measure(
 ) -> dict[str, list[float]]:
     """Updates/s of each side per round, the sides taking turns in the order of ``SIDES``.
 
-    ps: ``ps-async`` on 2 workers; plain: the single-process loop (2 × ``steps`` steps);
+    ps / ps-actor: ``ps-async`` on 2 workers, the server called through shared memory / actor
+    calls; plain: the single-process loop (2 × ``steps`` steps);
     hog2 / hog1: ``hogwild`` with 2 processes / 1 process.
     """
     dask_rate(client, "ps-async", 2, model, batch, 20)  # start torch and load data on the workers
     runs: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side in (s for s in SIDES if s in sides):
-            if side == "ps":
-                rate = dask_rate(client, "ps-async", 2, model, batch, steps)
+            if side in ("ps", "ps-actor"):
+                transport = "actor" if side == "ps-actor" else "shm"
+                rate = dask_rate(client, "ps-async", 2, model, batch, steps, transport)
             elif side == "plain":
                 rate = plain_sgd_rate(model, batch, 2 * steps)
             elif side == "hog2":
@@ -127,10 +135,11 @@ def main(argv: list[str] | None = None) -> None:
             f"warm-up, median of {args.rounds} rounds (sides alternate)"
         )
         runs = measure(client, m, b, s, args.rounds)
-    ps, plain, hog2, hog1 = (statistics.median(runs[k]) for k in ("ps", "plain", "hog2", "hog1"))
+    ps, actor, plain, hog2, hog1 = (statistics.median(runs[k]) for k in SIDES)
     print(f"\n{'what':<52} {'updates/s':>10} {'rounds':>24}")
     for label, key in (
-        ("ps-async, 2 Dask workers + 1 server actor", "ps"),
+        ("ps-async, 2 Dask workers + 1 server, shared memory", "ps"),
+        ("ps-async, 2 Dask workers + 1 server, actor calls", "ps-actor"),
         ("plain PyTorch SGD loop, 1 process, 1 thread", "plain"),
         ("hogwild, 2 Dask worker processes, shared memory", "hog2"),
         ("hogwild, 1 Dask worker process", "hog1"),
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         values = " ".join(f"{v:7.1f}" for v in runs[key])
         print(f"{label:<52} {statistics.median(runs[key]):>10.1f} {values:>24}")
     print(f"\nratio ps-async (2 workers) / plain single-process SGD: {ps / plain:.2f}")
+    print(f"  the same through actor calls:                        {actor / plain:.2f}")
     print(f"ratio hogwild 2 processes / 1 process:                 {hog2 / hog1:.2f}")
 
 

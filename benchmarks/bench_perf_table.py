@@ -167,7 +167,9 @@ def ps_sync(client, s: Settings) -> list[Figure]:
 
     figures = []
     for model in ("mlp", "cnn"):
-        runs = bench_ps_sync.measure(client, model, 64, s.ps_steps, s.ps_rounds)
+        runs = bench_ps_sync.measure(
+            client, model, 64, s.ps_steps, s.ps_rounds, sides=("ps", "allreduce")
+        )
         what = f"ps-sync vs allreduce, 2 workers, {model.upper()}, batch 64"
         figures.append(_medians(what, runs, "ps", "allreduce", "samples/s", Target(low=0.85)))
     return figures

@@ -2,10 +2,12 @@
 
 `ps-sync` (one server; each step pushes the gradient and pulls the next version) against
 `allreduce` (the default, bucketed reducer): same model, seed, per-worker batch, data and
-optimiser. Throughput is samples/s over steady-state steps, read from the metrics table's time
-column as `bench_sync_sgd.py` reads it (the first WARMUP steps of each rank left out, ranks
-summed). The two sides alternate and medians over the rounds are reported; ratio = ps-sync /
-allreduce (the target is at least 0.85).
+optimiser. The server is called through shared memory (the default on one machine, "ps") and,
+for comparison, through Dask actor calls ("ps-actor", `--server-transport actor`). Throughput
+is samples/s over steady-state steps, read from the metrics table's time column as
+`bench_sync_sgd.py` reads it (the first WARMUP steps of each rank left out, ranks summed). The
+sides alternate and medians over the rounds are reported; ratio = ps-sync / allreduce (the
+target is at least 0.85).
 
     python benchmarks/bench_ps_sync.py [--models mlp cnn] [--batch 64] [--steps 60] [--rounds 3]
 """
@@ -19,15 +21,25 @@ from bench_sync_sgd import WARMUP, ours_throughput  # benchmarks/bench_sync_sgd.
 
 from scaledl_lab.cluster import connect
 
-SIDES = ("ps", "allreduce")
+SIDES = ("ps", "ps-actor", "allreduce")
 
 
-def measure(client, model: str, batch: int, steps: int, rounds: int) -> dict[str, list[float]]:
-    """Samples/s of ``ps-sync`` ("ps") and ``allreduce`` per round, the two taking turns."""
-    runs: dict[str, list[float]] = {side: [] for side in SIDES}
+def measure(
+    client, model: str, batch: int, steps: int, rounds: int, sides: tuple[str, ...] = SIDES
+) -> dict[str, list[float]]:
+    """Samples/s per round of ``ps-sync`` through shared memory ("ps") and through actor calls
+    ("ps-actor"), and of ``allreduce``, the sides taking turns."""
+    runs: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
-        runs["ps"].append(ours_throughput(client, "ps-sync", model, batch, steps))
-        runs["allreduce"].append(ours_throughput(client, "allreduce", model, batch, steps))
+        for side in (s for s in SIDES if s in sides):
+            if side == "allreduce":
+                rate = ours_throughput(client, "allreduce", model, batch, steps)
+            else:
+                transport = "actor" if side == "ps-actor" else "shm"
+                rate = ours_throughput(
+                    client, "ps-sync", model, batch, steps, server_transport=transport
+                )
+            runs[side].append(rate)
     return runs
 
 
@@ -43,12 +55,16 @@ def main() -> None:
             f"2 Dask workers x 1 thread, batch {args.batch} per worker, {args.steps} timed steps "
             f"after {WARMUP} warm-up, median of {args.rounds} rounds (sides alternate)"
         )
-        print("ratio = ps-sync / allreduce (samples/s)")
-        print(f"{'model':>6} {'ps-sync':>9} {'allreduce':>10} {'ratio':>6}")
+        print("samples/s; ratio = ps-sync / allreduce (shared memory; actor calls)")
+        print(f"{'model':>6} {'ps-sync':>9} {'ps-actor':>9} {'allreduce':>10} {'ratios':>12}")
         for model in args.models:
             runs = measure(client, model, args.batch, args.steps, args.rounds)
-            ps, ar = (statistics.median(runs[k]) for k in SIDES)
-            print(f"{model:>6} {ps:>9.1f} {ar:>10.1f} {ps / ar:>6.2f}", flush=True)
+            ps, actor, ar = (statistics.median(runs[k]) for k in SIDES)
+            print(
+                f"{model:>6} {ps:>9.1f} {actor:>9.1f} {ar:>10.1f} "
+                f"{ps / ar:>6.2f}; {actor / ar:.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 import socket
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -93,7 +94,9 @@ def ddp_throughput(model: str, batch: int, steps: int, tuned: bool, world: int =
     return sum(rates)
 
 
-def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -> float:
+def ours_throughput(
+    client, strategy: str, model: str, batch: int, steps: int, **options: Any
+) -> float:
     cfg = ExperimentConfig(
         strategy=strategy,
         workers=2,
@@ -101,6 +104,7 @@ def ours_throughput(client, strategy: str, model: str, batch: int, steps: int) -
         batch_size=batch,
         max_steps=WARMUP + steps,
         **DATA,
+        **options,
     )
     rows: list[dict] = []
     results = execute(cfg, cfg.label, rows.extend, client=client).results
