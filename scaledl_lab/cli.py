@@ -40,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
     rep.add_argument(
-        "--jobs", type=int, default=2, help="--long: processes running simulated runs side by side"
+        "--jobs",
+        type=int,
+        default=2,
+        help="processes running the simulated runs side by side (after the real ones)",
     )
     rep.add_argument(
         "--smoke",
@@ -297,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 configs=configs,
                 traffic=traffic,
                 security=_security(args),
+                jobs=args.jobs,
             )
             print((Path(out) / "summary.md").read_text())
             print(f"results written to {out}")

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +30,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .claims import LR_VARIANT, SEED, by_method, verdicts
-from .experiment import Results, compare
-from .plots import line_styles, method_of
+from .experiment import Results
+from .plots import line_styles
 from .reproduce import (
     LR_GRID,
     SIM_WORKERS,
@@ -45,6 +43,7 @@ from .reproduce import (
     paper_table,
     report_markdown,
 )
+from .side_by_side import compare_side_by_side
 
 LONG = Setting("fashion-mnist", "mlp", 20, 64, "adam", 1e-3, 0.0, None, 0)
 TUNE_EPOCHS = 2  # the learning-rate phase: each rate of the grid, one seed
@@ -54,9 +53,6 @@ TARGET = 0.85  # test accuracy (mean of workers) the time-to-target column waits
 # (one simulated epoch of NNT on the torus costs ~25 s of one core here: 3 methods × 3 seeds × 20
 # epochs plus the rate phase fit in about an hour on two idle cores).
 LONG_METHODS = ("allreduce", "ps-async", "nnt-torus")
-# Relative cost of one simulated epoch of each method (wall-clock, measured here): NNT on the
-# torus applies five gradients per step. Only used to share the runs out between processes.
-COST = {"nnt-torus": 5.0, "nnt-ring": 3.0, "dpsgd-torus": 2.5, "ps-async": 2.0}
 
 
 def _sim_methods(setting: Setting) -> list[tuple[str, Any]]:
@@ -102,51 +98,6 @@ def long_configs(
         lr = (rates or {}).get(cfg.name, cfg.lr)
         runs += _repeat(cfg.replace(lr=lr), seeds, (1.0,))
     return runs
-
-
-def _cost(cfg: Any) -> float:
-    return COST.get(method_of(cfg.name)[0], 1.0) * cfg.epochs
-
-
-def _share(configs: list[Any], jobs: int) -> list[list[Any]]:
-    """``configs`` shared out between ``jobs`` processes, costliest first, each to the least
-    loaded (the order within a share is the configs' order)."""
-    loads, shares = [0.0] * jobs, [[] for _ in range(jobs)]
-    for i in sorted(range(len(configs)), key=lambda i: -_cost(configs[i])):
-        k = loads.index(min(loads))
-        loads[k] += _cost(configs[i])
-        shares[k].append(i)
-    return [[configs[i] for i in sorted(share)] for share in shares if share]
-
-
-def _run_share(configs: list[Any], out: str) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    compare(configs, out=out, progress=False, log=None)
-
-
-def compare_side_by_side(
-    configs: list[Any], *, out: str | os.PathLike[str], jobs: int = 2, progress: bool = True
-) -> Results:
-    """:func:`scaledl_lab.experiment.compare` of simulated runs, ``jobs`` processes side by side
-    (each writes ``parts/K/`` as it goes); one results folder with every run, in ``configs``'
-    order."""
-    if jobs <= 1 or len(configs) == 1:
-        return compare(configs, out=out, progress=progress)
-    out = Path(out)
-    shares = _share(configs, jobs)
-    parts = [out / "parts" / str(k) for k in range(len(shares))]
-    with ProcessPoolExecutor(len(shares), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_run_share, s, str(p)) for s, p in zip(shares, parts, strict=True)]
-        for future in futures:
-            future.result()
-    frame = pd.concat([pd.read_csv(p / "metrics.csv") for p in parts], ignore_index=True)
-    order = {c.label: i for i, c in enumerate(configs)}  # each run's rows stay in their order
-    frame = frame.sort_values("run", key=lambda r: r.map(order), kind="stable", ignore_index=True)
-    results = Results(frame=frame, configs=list(configs))
-    results.save(out)
-    return results
 
 
 def _mean_test_curve(frame: pd.DataFrame, run: str) -> pd.DataFrame:

@@ -43,9 +43,10 @@ from .claims import verdicts
 from .config import ExperimentConfig, quick
 from .cost import build_cost_model
 from .data import steps_per_epoch
-from .experiment import Results, compare
+from .experiment import Results
 from .models import build_model, count_parameters, model_flops
 from .scaling import traffic_configs as sweep_configs
+from .side_by_side import compare_side_by_side
 from .worker import load_for
 
 SIM_WORKERS = 16
@@ -276,18 +277,23 @@ def reproduce(
     configs: list[ExperimentConfig] | None = None,
     traffic: list[ExperimentConfig] | None = None,
     security: Any = None,
+    jobs: int = 1,
 ) -> Results:
     """Run the comparison and the traffic sweep (simulated, into ``out/traffic``; none when
-    ``traffic`` is empty) and write the results folder (tables, config, plots, summary.md)."""
+    ``traffic`` is empty) and write the results folder (tables, config, plots, summary.md).
+
+    ``jobs`` > 1: the real runs first, one at a time (their clocks must not share the machine),
+    then the simulated runs in ``jobs`` processes side by side; the same table, sooner."""
     grid = dict(seeds=QUICK_SEEDS, lr_factors=(1.0,) if is_quick else LR_GRID)
     configs = configs or paper_configs(is_quick, **grid)
     traffic = traffic if traffic is not None else traffic_configs(is_quick)
-    results = compare(
-        configs, address=address, client=client, out=out, progress=progress, security=security
-    )
+    results = compare_side_by_side(
+        configs, out=out, jobs=jobs, progress=progress, address=address, client=client,
+        security=security,
+    )  # fmt: skip
     sweep = None
     if traffic:
-        sweep = compare(traffic, out=Path(out) / "traffic", progress=False, log=None)
+        sweep = compare_side_by_side(traffic, out=Path(out) / "traffic", jobs=jobs, progress=False)
     write_report(results, Path(out), sweep)
     return results
 

@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
     "cli_large_batch": 7, "cli_options": 7, "large_batch_study": 7, "compression_study": 7,
     "compression_report": 7,
-    "resume": 7, "long_run": 7,
+    "resume": 7, "long_run": 7, "side_by_side": 6,
 }  # fmt: skip
 
 

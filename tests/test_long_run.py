@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from scaledl_lab import long_run
+from scaledl_lab import long_run, side_by_side
 from scaledl_lab.experiment import compare
 from scaledl_lab.reproduce import LR_GRID, Setting
 
@@ -68,10 +68,10 @@ def test_time_to_target_is_the_first_evaluation_that_reaches_it():
 
 def test_runs_are_shared_out_costliest_first():
     configs = long_run.long_configs()
-    shares = long_run._share(configs, 2)
+    shares = side_by_side._share(configs, 2)
     assert sorted(c.name for s in shares for c in s) == sorted(c.name for c in configs)
-    loads = [sum(long_run._cost(c) for c in s) for s in shares]
-    assert max(loads) - min(loads) <= max(long_run._cost(c) for c in configs)
+    loads = [sum(side_by_side._cost(c) for c in s) for s in shares]
+    assert max(loads) - min(loads) <= max(side_by_side._cost(c) for c in configs)
 
 
 TINY = Setting("fashion-mnist", "mlp", 2, 32, "adam", 1e-3, 0.0, 1600, 0)
@@ -87,10 +87,22 @@ def _tiny(configs):
 
 def test_two_processes_give_the_numbers_of_one(tmp_path):
     configs = _tiny(long_run.long_configs(TINY, seeds=(0,)))
+    # A real run among them runs first and alone; its rows keep their place in the table.
+    real = configs[0].replace(runtime="dask", workers=2, topology=None, name="real", max_steps=3)
+    configs = [configs[0], real, *configs[1:]]
     one = compare(configs, out=tmp_path / "one", progress=False, log=None).frame
-    two = long_run.compare_side_by_side(configs, out=tmp_path / "two", jobs=2).frame
-    pd.testing.assert_frame_equal(one.reset_index(drop=True), two, check_dtype=False)
-    assert (tmp_path / "two" / "parts" / "1" / "metrics.csv").is_file()
+    two = side_by_side.compare_side_by_side(configs, out=tmp_path / "two", jobs=2).frame
+    assert list(dict.fromkeys(two["run"])) == [c.label for c in configs]
+    simulated = one["runtime"] == "sim"
+    pd.testing.assert_frame_equal(
+        one[simulated].reset_index(drop=True),
+        two[two["runtime"] == "sim"].reset_index(drop=True),
+        check_dtype=False,
+    )
+    assert (two["run"] == "real").sum() == (one["run"] == "real").sum()
+    assert (tmp_path / "two" / "metrics.csv").is_file() and not (
+        tmp_path / "two" / "parts"
+    ).exists()
 
 
 def test_a_tiny_long_run_writes_its_table_bands_and_verdicts(tmp_path, monkeypatch):
@@ -135,7 +147,7 @@ def test_a_report_is_rewritten_from_a_finished_run_without_repeating_it(tmp_path
         out=tmp_path / "runs", setting=TINY, seeds=(0,), lr_factors=(1.0, 3.0), tune_epochs=1,
         jobs=1, progress=False,
     )  # fmt: skip
-    monkeypatch.setattr(long_run, "compare", None)  # nothing may run again
+    monkeypatch.setattr(long_run, "compare_side_by_side", None)  # nothing may run again
     long_run.rewrite_report(tmp_path / "runs", tmp_path / "again", tune_epochs=1)
     before = pd.read_csv(tmp_path / "runs" / "comparison.csv")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "comparison.csv"), before)
