@@ -3,8 +3,10 @@ its errors, and real runs that must train exactly as they do through Dask actor 
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +207,18 @@ def test_synchronous_servers_train_the_same_through_either_transport(strategy):
         )
         or strategy == "backup-workers"
     )
+
+
+def _serve_and_leave(directory: str) -> None:
+    ShmServer(Path(directory), 1, lambda m, a: None)  # never closed
+
+
+def test_a_server_never_closed_leaves_no_files_once_its_process_ends(tmp_path):
+    directory = tmp_path / "left"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_serve_and_leave, args=(str(directory),)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert not directory.exists()

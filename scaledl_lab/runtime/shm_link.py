@@ -23,7 +23,9 @@ calls that server again, which is what keeps one request slot and one reply slot
 
 from __future__ import annotations
 
+import atexit
 import io
+import multiprocessing.util
 import os
 import pickle
 import select
@@ -198,6 +200,10 @@ class ShmServer:
     ) -> None:
         self.directory, self.apply = directory, apply
         directory.mkdir(parents=True, exist_ok=True)
+        # Removed by close(); else when this process exits (a Dask worker is a multiprocessing
+        # child, which runs Finalize callbacks but not atexit ones).
+        for register in (atexit.register, _at_process_exit):
+            register(shutil.rmtree, str(directory), True)
         for rank in range(ranks):
             for kind in ("req", "rep"):
                 os.mkfifo(directory / f"{kind}-{rank}")
@@ -252,6 +258,10 @@ class ShmServer:
         for fd in self.requests + self.replies:
             os.close(fd)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _at_process_exit(func: Callable[..., Any], *args: Any) -> None:
+    multiprocessing.util.Finalize(None, func, args=args, exitpriority=0)
 
 
 class _Raised:
