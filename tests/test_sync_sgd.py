@@ -13,7 +13,7 @@ from scaledl_lab.cost import ring_allreduce_bytes
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.reference import train_sequential, train_worker_mean
 from scaledl_lab.runtime.base import Comm
-from scaledl_lab.strategies.sync_sgd import BucketedAllreduce
+from scaledl_lab.strategies.sync_sgd import BucketedAllreduce, NaiveAllreduce
 from scaledl_lab.worker import load_for
 
 
@@ -180,3 +180,106 @@ def test_bucketed_reducer_pairs_the_same_collectives_with_or_without_overlap():
         asyncio.run(reducer.synchronize(torch.zeros(1, dtype=torch.float64)))
         orders[overlap] = comm.sizes
     assert orders[True] == orders[False] == [3, 24, 8, 128, 1]  # late first, then the loss
+
+
+class _PairComm(_Recorder):
+    """One of two ranks in one process: the k-th allreduce of each rank pairs with the other's
+    k-th, summed in rank order (as gloo does for two ranks) when both have started it."""
+
+    def __init__(self, rank: int, shared: dict[int, list]) -> None:
+        Comm.__init__(self, rank, 2)
+        self.shared, self.calls = shared, 0
+
+    def allreduce_start(self, tensor, group=None):
+        self.shared.setdefault(self.calls, [None, None])[self.rank] = tensor
+        self.calls += 1
+        return _PairPending(self.shared[self.calls - 1], self.rank)
+
+
+class _PairPending:
+    def __init__(self, pair: list, rank: int) -> None:
+        self.pair, self.rank = pair, rank
+
+    async def wait(self):
+        while any(t is None for t in self.pair):
+            await asyncio.sleep(0)
+        if len(self.pair) == 2:  # the first of the two to get here sums for both
+            total = self.pair[0] + self.pair[1]
+            self.pair.append(total)
+        self.pair[self.rank].copy_(self.pair[2])
+        return self.pair[self.rank]
+
+
+class _Branchy(torch.nn.Module):
+    """Buckets of several parameters and of one; ``side`` is used only when asked to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.wide = torch.nn.Linear(6, 5), torch.nn.Linear(5, 40)
+        self.side, self.last = torch.nn.Linear(6, 40), torch.nn.Linear(40, 3)
+
+    def forward(self, x, use_side):
+        h = self.wide(torch.relu(self.first(x)))
+        return self.last(h + self.side(x) if use_side else h)
+
+
+async def _gather(coroutines):
+    return await asyncio.gather(*coroutines)
+
+
+def _two_rank_grads(kind: str, steps: list[bool], overlap: bool = True, keep_grads=False):
+    """Each rank's gradients after each step (its own inputs), averaged by ``kind``."""
+    shared: dict[int, list] = {}
+    nets, reducers = [], []
+    for rank in (0, 1):
+        torch.manual_seed(0)
+        net, comm = _Branchy(), _PairComm(rank, shared)
+        if kind == "naive":
+            reducer = NaiveAllreduce(net, comm)
+        else:  # buckets of 1000 bytes: see below
+            reducer = BucketedAllreduce(net, comm, bucket_mb=1000 / 2**20)
+            reducer.overlap = overlap
+        nets.append(net)
+        reducers.append(reducer)
+    seen = []
+    for step, use_side in enumerate(steps):
+        for rank, net in enumerate(nets):
+            net.zero_grad(set_to_none=not keep_grads)
+            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * step + rank))
+            net(x, use_side).pow(2).sum().backward()
+        ones = torch.ones(1, dtype=torch.float64)
+        totals = asyncio.run(_gather([r.synchronize(ones.clone()) for r in reducers]))
+        assert [t.item() for t in totals] == [2.0, 2.0]
+        seen.append([{n: p.grad.clone() for n, p in net.named_parameters()} for net in nets])
+    return seen, nets, reducers
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("keep_grads", [False, True])
+def test_bucketed_reducer_averages_into_views_of_its_buffers(overlap, keep_grads):
+    """The gradients become views of each bucket's buffer, (a one-parameter bucket
+    reduces the gradient itself), and the average is the naive reducer's, bit for bit: also
+    for a parameter with a gradient on one step and none on the next (zeros, not stale)."""
+    steps = [True, False, False, True]
+    naive, _, _ = _two_rank_grads("naive", steps)
+    bucketed, nets, reducers = _two_rank_grads("bucketed", steps, overlap, keep_grads)
+    for want, got in zip(naive, bucketed, strict=True):
+        for w, g in zip(want, got, strict=True):
+            assert w.keys() == g.keys()
+            assert all(torch.equal(w[n], g[n]) for n in w)
+    assert not torch.equal(naive[1][0]["side.weight"], naive[0][0]["side.weight"])
+    assert torch.equal(naive[1][0]["side.weight"], torch.zeros(40, 6))
+    for net, reducer in zip(nets, reducers, strict=True):
+        names = {id(p): n for n, p in net.named_parameters()}
+        assert [[names[id(p)] for p in b] for b in reducer.buckets] == [
+            ["last.bias", "last.weight", "side.bias"],
+            ["side.weight"],
+            ["wide.bias", "wide.weight", "first.bias"],
+            ["first.weight"],
+        ]
+        assert reducer._flat[3] is None  # one parameter that always has a gradient: no copy
+        for b in (0, 2):
+            flat = reducer._flat[b]
+            assert flat.numel() == sum(p.numel() for p in reducer.buckets[b])
+            for p in reducer.buckets[b]:
+                assert p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..params import flat_grad, grad_or_zeros
+from ..params import grad_or_zeros
 from ..runtime.base import Comm, Pending
 from ..snapshots import save_if_due, start_or_resume
 from ..worker import StepStats, WorkerContext, check_finite
@@ -81,6 +81,9 @@ class BucketedAllreduce:
             self.buckets[-1].append(p)
             size += nbytes
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        # Each bucket's flat buffer, and its parameters' views of it, made at first use.
+        self._flat: list[torch.Tensor | None] = [None] * len(self.buckets)
+        self._views: list[list[torch.Tensor]] = [[] for _ in self.buckets]
         self._ready = [0] * len(self.buckets)
         # Filled buckets in the order backward filled them: started (overlap) or not yet (None).
         self._pending: dict[int, Pending | None] = {}
@@ -103,7 +106,34 @@ class BucketedAllreduce:
         if not self.overlap:  # note the order only: synchronize reduces it after backward
             self._pending[b] = None
             return
-        self._pending[b] = self.comm.allreduce_start(flat_grad(self.buckets[b]))
+        self._pending[b] = self.comm.allreduce_start(self._flatten(b))
+
+    def _flatten(self, b: int) -> torch.Tensor:
+        """Bucket ``b``'s gradients as one tensor for the allreduce to sum in place; after it,
+        each of their ``.grad`` is a view of that tensor, so averaging it in place is all.
+
+        A bucket of one parameter is its gradient itself (nothing copied). Otherwise the
+        bucket keeps one flat buffer for the whole run: each gradient is copied into its
+        slice (zeros where there is none) and ``.grad`` becomes that slice; a gradient that
+        is the slice already (``zero_grad(set_to_none=False)``) is left where it is.
+        """
+        params = self.buckets[b]
+        grad = params[0].grad
+        if len(params) == 1 and grad is not None and grad.is_contiguous():
+            return grad
+        flat = self._flat[b]
+        if flat is None:
+            sizes = [p.numel() for p in params]
+            flat = torch.empty(sum(sizes), dtype=params[0].dtype, device=params[0].device)
+            self._flat[b] = flat
+            self._views[b] = [v.view_as(p) for v, p in zip(flat.split(sizes), params, strict=True)]
+        for p, view in zip(params, self._views[b], strict=True):
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            p.grad = view
+        return flat
 
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
         """Wait for every bucket, average in place; return ``stats`` summed over the workers."""
@@ -113,10 +143,11 @@ class BucketedAllreduce:
         stats_pending = self.comm.allreduce_start(stats) if self.overlap else None
         for b, pending in self._pending.items():
             if pending is None:
-                flat = await self.comm.allreduce(flat_grad(self.buckets[b]))
+                flat = await self.comm.allreduce(self._flatten(b))
             else:
                 flat = await pending.wait()
-            _scatter_back(flat, self.buckets[b], self.comm.world_size)
+            if self.comm.world_size > 1:  # the average, in place: the .grad are views of it
+                flat.div_(self.comm.world_size)
         self._pending.clear()
         self._ready = [0] * len(self.buckets)
         if stats_pending is None:
