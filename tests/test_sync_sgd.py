@@ -10,6 +10,7 @@ from common import SMALL, max_diff
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
 from scaledl_lab.cost import ring_allreduce_bytes
+from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.reference import train_sequential, train_worker_mean
 from scaledl_lab.runtime.base import Comm
@@ -283,3 +284,17 @@ def test_bucketed_reducer_averages_into_views_of_its_buffers(overlap, keep_grads
             assert flat.numel() == sum(p.numel() for p in reducer.buckets[b])
             for p in reducer.buckets[b]:
                 assert p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+
+
+def test_every_rank_keeps_rank_0s_overlap_choice(client):
+    async def program(ctx) -> None:
+        ctx.result["choice"] = await ctx.comm.rank0_choice(ctx.rank == 1)  # only rank 1 says yes
+        ctx.result["traffic"] = ctx.comm.bytes_sent
+
+    cfg = ExperimentConfig(workers=2, model="mlp", **SMALL)
+    results = execute(cfg, "choice", lambda rows: None, client=client, program=program).results
+    assert [r["choice"] for r in results] == [False, False]
+    assert [r["traffic"] for r in results] == [0, 0]  # a tuning decision, not traffic
+    # A real run's reducer ends its trial with one mode on every rank.
+    res = run(cfg.replace(max_steps=12), client=client, progress=False)
+    assert len({out["overlap"] for out in res.outputs[cfg.replace(max_steps=12).label]}) == 1

@@ -172,6 +172,12 @@ class Comm(abc.ABC):
     async def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         return await self.irecv(tensor, src).wait()
 
+    async def rank0_choice(self, choice: bool) -> bool:
+        """Rank 0's ``choice`` on every rank: a tuning decision the ranks must share (whether
+        the reducer overlaps), not part of the algorithm, so not counted as traffic. The
+        simulator keeps each rank's own: its modes cost the same virtual time."""
+        return choice
+
     # -- hosted servers (parameter servers, the EASGD centre) ------------------------------
 
     @property

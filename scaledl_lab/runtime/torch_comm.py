@@ -195,6 +195,13 @@ class TorchComm(Comm):
                 tensor.copy_(staged)
         return tensor
 
+    async def rank0_choice(self, choice: bool) -> bool:
+        if self.world_size == 1 or self.lost_view is not None:  # survivors: each its own
+            return choice
+        flag = self._staged(torch.tensor([int(choice)], dtype=torch.int32))
+        dist.broadcast(flag, 0)
+        return bool(flag.item())
+
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
         self.bytes_sent += tensor.numel() * tensor.element_size()
         staged = self._staged(tensor)  # kept alive by the _Sent until the send completes

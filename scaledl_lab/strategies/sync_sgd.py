@@ -154,9 +154,10 @@ class BucketedAllreduce:
             return await self.comm.allreduce(stats)
         return await stats_pending.wait()
 
-    def timed(self, seconds: float) -> None:
+    async def timed(self, seconds: float) -> None:
         """The last step took ``seconds`` (forward to averaged gradients): while trying both
-        modes, note it and switch; after, keep the faster (overlap on a tie, as on the sim)."""
+        modes, note it and switch; after, keep the faster (overlap on a tie, as on the sim).
+        Every rank keeps rank 0's choice: ranks that chose differently wait for each other."""
         self._steps += 1
         trial = self._steps - WARMUP_STEPS
         if trial < 0 or trial > 2 * TRIAL_STEPS:
@@ -167,7 +168,7 @@ class BucketedAllreduce:
             self.overlap = trial % 2 == 1
             return
         with_overlap, without = (sorted(self._timed[m])[TRIAL_STEPS // 2] for m in (True, False))
-        self.overlap = with_overlap <= without
+        self.overlap = await self.comm.rank0_choice(with_overlap <= without)
 
 
 async def forward_backward(
@@ -220,7 +221,7 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         # The loss travels with the gradients so that every worker sees a divergence at once.
         totals = await reducer.synchronize(torch.tensor([stats.loss], dtype=torch.float64))
         if isinstance(reducer, BucketedAllreduce):
-            reducer.timed(comm.now() - started)
+            await reducer.timed(comm.now() - started)
         check_finite(totals[0].item(), rank=ctx.rank, epoch=ctx.plan.epoch_of(step), step=step)
         lr = ctx.set_lr(optimizer, step)  # the scheduled rate (constant by default)
         optimizer.step()
