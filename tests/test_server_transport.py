@@ -22,6 +22,7 @@ from scaledl_lab.runtime.shm_link import (
     ShmServer,
     _Mapped,
     _Slot,
+    _write,
     decode,
     encode,
     host_key,
@@ -136,6 +137,16 @@ def test_an_error_in_the_server_is_raised_in_the_caller_and_the_server_goes_on(s
     _, (a, _) = served
     a.start("fail", ())
     with pytest.raises(RuntimeError, match="ValueError: no such shard"):
+        a.wait(5)
+    a.start("add", (torch.ones(3),))
+    assert torch.equal(a.wait(5), torch.ones(3))
+
+
+def test_an_unreadable_call_is_answered_with_the_reason_and_the_server_goes_on(served):
+    _, (a, _) = served
+    _write(a.request, b"not a pickle")
+    a.waiting = True
+    with pytest.raises(RuntimeError, match="unreadable call"):
         a.wait(5)
     a.start("add", (torch.ones(3),))
     assert torch.equal(a.wait(5), torch.ones(3))

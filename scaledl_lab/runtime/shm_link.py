@@ -240,7 +240,12 @@ class ShmServer:
         while not self.stopped.is_set():
             for fd, _ in poll.poll(POLL_MS):
                 rank = rank_of[fd]
-                method, args = decode(_read(fd), self.mapped[rank], copy=False)
+                try:
+                    method, args = decode(_read(fd), self.mapped[rank], copy=False)
+                except Exception as exc:  # a message it cannot read: the caller hears why
+                    message = _Raised(f"unreadable call ({type(exc).__name__}: {exc})")
+                    _write(self.replies[rank], encode(message, self.slots[rank]))
+                    continue
                 if not self._answer(rank, method, args):
                     parked.append((rank, method, args))
                     continue
