@@ -43,10 +43,10 @@ from .claims import verdicts
 from .config import ExperimentConfig, quick
 from .cost import build_cost_model
 from .data import steps_per_epoch
-from .experiment import Results
+from .experiment import Results, compare
 from .models import build_model, count_parameters, model_flops
 from .scaling import traffic_configs as sweep_configs
-from .side_by_side import compare_side_by_side
+from .side_by_side import compare_side_by_side, run_side_by_side, saved_apart
 from .worker import load_for
 
 SIM_WORKERS = 16
@@ -287,13 +287,16 @@ def reproduce(
     grid = dict(seeds=QUICK_SEEDS, lr_factors=(1.0,) if is_quick else LR_GRID)
     configs = configs or paper_configs(is_quick, **grid)
     traffic = traffic if traffic is not None else traffic_configs(is_quick)
-    results = compare_side_by_side(
-        configs, out=out, jobs=jobs, progress=progress, address=address, client=client,
-        security=security,
-    )  # fmt: skip
-    sweep = None
-    if traffic:
-        sweep = compare_side_by_side(traffic, out=Path(out) / "traffic", jobs=jobs, progress=False)
+    where = dict(address=address, client=client, security=security)
+    if traffic and jobs > 1:  # one pool: the sweep's small runs fill the others' tail
+        frame = run_side_by_side(configs + traffic, jobs=jobs, progress=progress, **where)
+        groups = [(configs, Path(out)), (traffic, Path(out) / "traffic")]
+        results, sweep = saved_apart(frame, groups)
+    else:
+        results = compare_side_by_side(configs, out=out, jobs=jobs, progress=progress, **where)
+        sweep = None
+        if traffic:
+            sweep = compare(traffic, out=Path(out) / "traffic", progress=False, log=None)
     write_report(results, Path(out), sweep)
     return results
 

@@ -50,20 +50,15 @@ def _simulated(configs: list[Any], jobs: int, scratch: Path) -> list[pd.DataFram
     return [pd.read_csv(parts[i] / "metrics.csv") for i in range(len(configs))]
 
 
-def compare_side_by_side(
-    configs: list[Any],
-    *,
-    out: str | os.PathLike[str],
-    jobs: int = 2,
-    progress: bool = True,
-    **where: Any,
-) -> Results:
-    """:func:`scaledl_lab.experiment.compare` of ``configs``, the simulated ones in ``jobs``
-    processes side by side after the real ones; one results folder with every run, in
-    ``configs``' order. ``where``: ``compare``'s address, client and security, for real runs."""
+def run_side_by_side(
+    configs: list[Any], *, jobs: int = 2, progress: bool = True, **where: Any
+) -> pd.DataFrame:
+    """The metrics of ``configs``: the real runs first, alone, then the simulated ones in
+    ``jobs`` processes side by side; every run's rows in ``configs``' order. ``where``:
+    ``compare``'s address, client and security, for real runs."""
     simulated = [c for c in configs if c.runtime == "sim"]
     if jobs <= 1 or len(simulated) <= 1:
-        return compare(configs, out=out, progress=progress, **where)
+        return compare(configs, progress=progress, **where).frame
     real = [c for c in configs if c.runtime != "sim"]
     frames = [compare(real, progress=progress, **where).frame] if real else []
     scratch = Path(tempfile.mkdtemp(prefix="side-by-side-"))
@@ -73,7 +68,34 @@ def compare_side_by_side(
         shutil.rmtree(scratch, ignore_errors=True)
     order = {c.label: i for i, c in enumerate(configs)}  # each run's rows stay in their order
     frame = pd.concat(frames, ignore_index=True)
-    frame = frame.sort_values("run", key=lambda r: r.map(order), kind="stable", ignore_index=True)
-    results = Results(frame=frame, configs=list(configs))
+    return frame.sort_values("run", key=lambda r: r.map(order), kind="stable", ignore_index=True)
+
+
+def compare_side_by_side(
+    configs: list[Any],
+    *,
+    out: str | os.PathLike[str],
+    jobs: int = 2,
+    progress: bool = True,
+    **where: Any,
+) -> Results:
+    """:func:`scaledl_lab.experiment.compare` of ``configs`` through :func:`run_side_by_side`:
+    one results folder with every run, in ``configs``' order."""
+    if jobs <= 1:
+        return compare(configs, out=out, progress=progress, **where)
+    results = Results(frame=run_side_by_side(configs, jobs=jobs, progress=progress, **where),
+                      configs=list(configs))  # fmt: skip
     results.save(out)
     return results
+
+
+def saved_apart(frame: pd.DataFrame, groups: list[tuple[list[Any], Path]]) -> list[Results]:
+    """``frame`` (of runs side by side) cut into one results folder per group of configs."""
+    parts = []
+    for configs, out in groups:
+        labels = {c.label for c in configs}
+        part = frame[frame["run"].isin(labels)].reset_index(drop=True)
+        results = Results(frame=part, configs=list(configs))
+        results.save(out)
+        parts.append(results)
+    return parts

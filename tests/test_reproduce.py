@@ -77,8 +77,10 @@ def test_report_from_a_small_run(client, tmp_path):
         c.replace(train_subset=3200, test_subset=300, val_size=300, epochs=1, batch_size=32)
         for c in rp.paper_configs(is_quick=True)
     ]
+    # Two processes, as the command's default: the real runs first, then the simulated ones and
+    # the sweep in one pool, cut apart into the two folders.
     results = rp.reproduce(
-        is_quick=True, out=tmp_path, client=client, configs=configs, progress=False
+        is_quick=True, out=tmp_path, client=client, configs=configs, progress=False, jobs=2
     )
     table = (tmp_path / "comparison.csv").read_text()
     summary = (tmp_path / "summary.md").read_text()
