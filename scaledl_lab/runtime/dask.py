@@ -23,7 +23,7 @@ from ..errors import ConfigError, RunError, WorkerLostError
 from .base import Launch, Outcome
 from .dask_worker import ServerHost, free_port, run_rank, take_rows
 from .devices import plan_devices, probe
-from .shm_link import host_key, use_shared_memory
+from .shm_link import host_key, remove_left_behind, use_shared_memory
 
 POLL_S = 0.25
 LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
@@ -171,6 +171,7 @@ def run_dask(
                 a.close().result(timeout=GRACE_S)
             except Exception:  # its worker may be gone
                 pass
+        remove_left_behind(links or [])  # a server killed outright could not remove its own
         for f in server_futures:
             f.release()
         try:

@@ -74,6 +74,15 @@ def use_shared_memory(requested: str, hosts: list[str], label: str) -> bool:
     return one_machine
 
 
+def remove_left_behind(links: list[dict[str, Any]]) -> None:
+    """Remove the directories of servers on this machine that are over (a server whose
+    process was killed could not remove its own)."""
+    here = host_key()
+    for link in links:
+        if link["host"] == here:
+            shutil.rmtree(link["directory"], ignore_errors=True)
+
+
 class _Slot:
     """The memory this side writes tensors into: a /dev/shm file, replaced by a larger one when
     a message does not fit (the reader maps each name once)."""
