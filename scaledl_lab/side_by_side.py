@@ -83,10 +83,8 @@ def compare_side_by_side(
     one results folder with every run, in ``configs``' order."""
     if jobs <= 1:
         return compare(configs, out=out, progress=progress, **where)
-    results = Results(frame=run_side_by_side(configs, jobs=jobs, progress=progress, **where),
-                      configs=list(configs))  # fmt: skip
-    results.save(out)
-    return results
+    frame = run_side_by_side(configs, jobs=jobs, progress=progress, **where)
+    return saved_apart(frame, [(configs, Path(out))])[0]
 
 
 def saved_apart(frame: pd.DataFrame, groups: list[tuple[list[Any], Path]]) -> list[Results]:

@@ -42,18 +42,16 @@ class ServerHost:
     async def call(self, method: str, args: tuple[Any, ...]) -> Any:
         if self._changed is None:
             self._changed = asyncio.Condition()
-        self.bytes_in += tensor_bytes(args)
         async with self._changed:
-            while (value := getattr(self.obj, method)(*args)) is NOT_READY:
+            while (value := self._apply(method, args)) is NOT_READY:
                 await self._changed.wait()
             self._changed.notify_all()
-        self.calls += 1
-        self.bytes_out += tensor_bytes(value)
         # The reply is serialised later, after other calls may have changed the server.
         return clone_tensors(value)
 
     def _apply(self, method: str, args: tuple[Any, ...]) -> Any:
-        """One call through shared memory (:mod:`.shm_link`), counted as an actor call is."""
+        """One call on the server object, counted once it is answered (not ``NOT_READY``);
+        actor calls and calls through shared memory (:mod:`.shm_link`) both come here."""
         value = getattr(self.obj, method)(*args)
         if value is not NOT_READY:
             self.calls += 1
