@@ -60,7 +60,8 @@ class ServerHost:
         return value
 
     def serve_shm(self, directory: str, ranks: int) -> dict[str, Any]:
-        """From now on answer the ranks' calls through shared memory; what they need to."""
+        """From now on answer the ranks' calls through shared memory; returns what a rank needs
+        to reach it (:meth:`.shm_link.ShmServer.address`)."""
         self._shm = ShmServer(Path(directory), ranks, self._apply)
         return self._shm.address()
 
