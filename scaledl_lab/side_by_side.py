@@ -31,11 +31,11 @@ def _cost(cfg: Any) -> float:
     return COST.get(method_of(cfg.name)[0], 1.0) * cfg.epochs * cfg.workers * straggler
 
 
-def _run_share(configs: list[Any], out: str) -> None:
+def _run_one(cfg: Any, out: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    compare(configs, out=out, progress=False, log=None)
+    compare([cfg], out=out, progress=False, log=None)
 
 
 def _simulated(configs: list[Any], jobs: int, scratch: Path) -> list[pd.DataFrame]:
@@ -44,7 +44,7 @@ def _simulated(configs: list[Any], jobs: int, scratch: Path) -> list[pd.DataFram
     order = sorted(range(len(configs)), key=lambda i: -_cost(configs[i]))
     parts = {i: scratch / str(i) for i in order}
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_run_share, [configs[i]], str(parts[i])) for i in order]
+        futures = [pool.submit(_run_one, configs[i], str(parts[i])) for i in order]
         for future in futures:
             future.result()
     return [pd.read_csv(parts[i] / "metrics.csv") for i in range(len(configs))]

@@ -69,12 +69,12 @@ def test_time_to_target_is_the_first_evaluation_that_reaches_it():
 def test_the_costliest_runs_start_first(monkeypatch, tmp_path):
     started = []
     monkeypatch.setattr(side_by_side, "ProcessPoolExecutor", _InOrder)
-    monkeypatch.setattr(side_by_side, "_run_share", lambda cfgs, out: started.append(cfgs))
+    monkeypatch.setattr(side_by_side, "_run_one", lambda cfg, out: started.append(cfg))
     configs = long_run.long_configs()
     with pytest.raises(FileNotFoundError):  # nothing ran, so there is nothing to read back
         side_by_side._simulated(configs, 2, tmp_path)
-    assert sorted(c.name for [c] in started) == sorted(c.name for c in configs)
-    costs = [side_by_side._cost(c) for [c] in started]
+    assert sorted(c.name for c in started) == sorted(c.name for c in configs)
+    costs = [side_by_side._cost(c) for c in started]
     assert costs == sorted(costs, reverse=True)
     assert costs[0] > costs[-1]  # NNT before allreduce
 
