@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -85,6 +86,12 @@ def test_one_worker_equals_plain_training(client):
     cfg = ExperimentConfig(strategy="allreduce", workers=1, model="mlp", **SMALL)
     res = run(cfg, client=client, progress=False)
     assert max_diff(res.state_dict(), train_sequential(cfg, load_for(cfg))) == 0.0
+
+
+def test_embedded_workers_train_with_one_malloc_arena(client):
+    """A rank trains in a task thread; with a malloc arena of its own it reuses its buffers
+    worse than with the process's one (README, the malloc note)."""
+    assert set(client.run(lambda: os.environ.get("MALLOC_ARENA_MAX")).values()) == {"1"}
 
 
 def test_metrics_table(client):
