@@ -5,7 +5,9 @@ on 2 Dask workers against plain `DistributedDataParallel` with gloo on 2 process
 torch.multiprocessing: same model, seed, per-worker batch, data shards and batch order, one
 thread per process (the cost of one collective through our Comm against the raw call is
 `bench_collectives.py`). Runs alternate (ours, DDP, ours, DDP ...) so that drift of
-the machine hits both; medians are reported.
+the machine hits both; medians are reported. One more side runs the same DDP loop as a task on
+each of the 2 Dask workers ours use: it tells what hosting a rank in a Dask worker costs from
+what our code costs.
 
     python benchmarks/bench_sync_sgd.py [--batches 64 256] [--steps 60] [--repeats 2]
 """
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.cluster import connect
+from scaledl_lab.cluster import connect, live_workers
 from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
 from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
@@ -78,6 +80,33 @@ def _ddp_rank(
     dist.destroy_process_group()
 
 
+class _Box:
+    """Stands in for the queue a spawned DDP rank reports to, in a Dask task's own process."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, float]] = []
+
+    def put(self, item: tuple[int, float]) -> None:
+        self.items.append(item)
+
+
+def _ddp_task(rank: int, port: int, model: str, batch: int, steps: int) -> float:
+    box = _Box()
+    _ddp_rank(rank, 2, port, model, batch, steps, True, box)  # type: ignore[arg-type]
+    return box.items[0][1]
+
+
+def ddp_in_dask_throughput(client, model: str, batch: int, steps: int) -> float:
+    """The DDP loop (with the malloc tuning) as one task on each of 2 Dask workers."""
+    port = _free_port()
+    workers = sorted(live_workers(client))[:2]
+    futures = [
+        client.submit(_ddp_task, r, port, model, batch, steps, workers=[w], pure=False)
+        for r, w in enumerate(workers)
+    ]
+    return sum(client.gather(futures))
+
+
 def ddp_throughput(model: str, batch: int, steps: int, tuned: bool, world: int = 2) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -117,7 +146,7 @@ def ours_throughput(
     return rate
 
 
-SIDES = ("ours", "ddp", "naive", "ddpm")
+SIDES = ("ours", "ddp", "naive", "ddpm", "ddpd")
 
 
 def measure(
@@ -126,7 +155,7 @@ def measure(
     """Samples/s of each side per repeat, the sides taking turns in the order of ``SIDES``.
 
     ours: the default (bucketed) reducer; naive: ``allreduce-naive``; ddp: plain DDP;
-    ddpm: DDP with the malloc tuning our workers apply.
+    ddpm: DDP with the malloc tuning our workers apply; ddpd: that DDP loop on our Dask workers.
     """
     runs: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(repeats):
@@ -134,6 +163,8 @@ def measure(
             if side in ("ours", "naive"):
                 strategy = "allreduce" if side == "ours" else "allreduce-naive"
                 runs[side].append(ours_throughput(client, strategy, model, batch, steps))
+            elif side == "ddpd":
+                runs[side].append(ddp_in_dask_throughput(client, model, batch, steps))
             else:
                 runs[side].append(ddp_throughput(model, batch, steps, tuned=side == "ddpm"))
     return runs
@@ -158,16 +189,19 @@ def main() -> None:
         )
         print(
             f"{'batch/worker':>12} {'DDP':>8} {'DDP+malloc':>10} {'ours':>8} {'ratio':>6} "
-            f"{'vs +malloc':>10} {'naive':>8} {'ratio':>6}"
+            f"{'vs +malloc':>10} {'naive':>8} {'ratio':>6} {'DDP in Dask':>11} {'ratio':>6}"
         )
         for batch in args.batches:
             runs = measure(client, args.model, batch, args.steps, args.repeats)
-            d, dm, o, n = (statistics.median(runs[k]) for k in ("ddp", "ddpm", "ours", "naive"))
+            d, dm, o, n, dd = (
+                statistics.median(runs[k]) for k in ("ddp", "ddpm", "ours", "naive", "ddpd")
+            )
             print(
                 f"{batch:>12} {d:>8.1f} {dm:>10.1f} {o:>8.1f} {o / d:>6.2f} {o / dm:>10.2f} "
-                f"{n:>8.1f} {n / d:>6.2f}",
+                f"{n:>8.1f} {n / d:>6.2f} {dd:>11.1f} {o / dd:>6.2f}",
                 flush=True,
             )
+        print("the last ratio: ours / DDP (with the malloc tuning) run as tasks on our workers")
         print(f"bucketed reducer, overlap chosen per rank in each run: {CHOSEN}")
 
 
