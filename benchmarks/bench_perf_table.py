@@ -105,7 +105,7 @@ def write_csv(figures: Sequence[Figure], path: str | Path) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    reps: int = 100  # collectives: the medians of ours and raw, the same call, within noise
+    reps: int = 500  # collectives: trimmed means of ours and raw, the same call, within noise
     sync_steps: int = 60
     sync_repeats: int = 2
     ps_steps: int = 60
