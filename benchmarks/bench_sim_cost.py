@@ -8,9 +8,9 @@ small next to that work. Both sides use one thread and the same mini-batches.
 
 Each side is the best of two runs. A third column, the replicas' own arithmetic, runs what the
 N workers' programs compute, without the simulator: each replica's forward and backward, its
-gradient copied into its bucket buffer, the sum in rank order and its copy back, the division
-and each replica's optimiser step. It is the floor under the simulated side for as long as
-every virtual worker runs its own program on its own replica.
+gradients laid out in the default reducer's buckets, every bucket's sum in rank order and its
+copy back, the division and each replica's optimiser step. It is the floor under the simulated
+side for as long as every virtual worker runs its own program on its own replica.
 """
 
 from __future__ import annotations
@@ -28,19 +28,24 @@ from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
 from scaledl_lab.plan import make_optimizer
 from scaledl_lab.runtime.memory import keep_freed_memory
+from scaledl_lab.strategies.sync_sgd import BucketedAllreduce
 from scaledl_lab.worker import load_for
+
+
+def rank_batches(cfg: ExperimentConfig, data) -> list[list]:
+    """Each rank's first ``max_steps`` mini-batch indices, as its worker draws them."""
+    return [
+        epoch_batches(shard_indices(data.train.y, cfg.workers, rank, seed=cfg.seed),
+                      cfg.batch_size, seed=cfg.seed, epoch=0, rank=rank)[: cfg.max_steps]
+        for rank in range(cfg.workers)
+    ]  # fmt: skip
 
 
 def plain_gradients(cfg: ExperimentConfig) -> float:
     """Seconds to compute the same workers × steps mini-batch gradients in one plain loop."""
     data = load_for(cfg)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    batches = []
-    for rank in range(cfg.workers):
-        shard = shard_indices(data.train.y, cfg.workers, rank, seed=cfg.seed)
-        batches += epoch_batches(shard, cfg.batch_size, seed=cfg.seed, epoch=0, rank=rank)[
-            : cfg.max_steps
-        ]
+    batches = [idx for mine in rank_batches(cfg, data) for idx in mine]
     torch.set_num_threads(1)
     start = time.perf_counter()
     for idx in batches:
@@ -51,38 +56,41 @@ def plain_gradients(cfg: ExperimentConfig) -> float:
 
 def replica_arithmetic(cfg: ExperimentConfig) -> float:
     """Seconds for what the ``allreduce`` program of ``cfg.workers`` replicas computes, run plainly
-    in the simulator's order (every replica's gradient, then the averaging, then every step)."""
+    in the simulator's order (every replica's gradient, then the averaging, then every step).
+
+    Each replica's buckets are the default reducer's own (``BucketedAllreduce._flatten``: a
+    one-parameter bucket is its gradient, a larger one a buffer the gradients are copied into).
+    """
     data = load_for(cfg)
     template = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
     models = [copy.deepcopy(template) for _ in range(cfg.workers)]
     optimizers = [make_optimizer(cfg, m.parameters()) for m in models]
-    flats = [torch.empty(sum(p.numel() for p in m.parameters())) for m in models]
-    batches = [
-        epoch_batches(shard_indices(data.train.y, cfg.workers, r, seed=cfg.seed), cfg.batch_size,
-                      seed=cfg.seed, epoch=0, rank=r)[: cfg.max_steps]
-        for r in range(cfg.workers)
-    ]  # fmt: skip
+    reducers = [BucketedAllreduce(m, None, cfg.bucket_mb) for m in models]  # type: ignore[arg-type]
+    for reducer in reducers:
+        reducer.reducing = False  # no collectives from backward: the buckets are summed below
+    batches = rank_batches(cfg, data)
     torch.set_num_threads(1)
     start = time.perf_counter()
     for step in range(cfg.max_steps):
-        for model, optimizer, flat, mine in zip(models, optimizers, flats, batches, strict=True):
+        for model, optimizer, mine in zip(models, optimizers, batches, strict=True):
             optimizer.zero_grad()
             idx = mine[step]
             F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
-            offset = 0
-            for p in model.parameters():  # into the bucket buffer; .grad becomes a view of it
-                view = flat[offset : offset + p.numel()].view_as(p)
-                view.copy_(p.grad)
-                p.grad = view
-                offset += p.numel()
-        for flat in flats[1:]:
-            flats[0] += flat
-        for flat in flats[1:]:
-            flat.copy_(flats[0])
-        for flat, optimizer in zip(flats, optimizers, strict=True):
-            flat.div_(cfg.workers)
+        flats = [[r._flatten(b) for b in range(len(r.buckets))] for r in reducers]
+        for bucket in zip(*flats, strict=True):  # one bucket of every replica, in rank order
+            for flat in bucket[1:]:
+                bucket[0].add_(flat)
+            for flat in bucket[1:]:
+                flat.copy_(bucket[0])
+            for flat in bucket:
+                flat.div_(cfg.workers)
+        for optimizer in optimizers:
             optimizer.step()
     return time.perf_counter() - start
+
+
+def best_of_two(side, cfg: ExperimentConfig) -> float:
+    return min(side(cfg) for _ in range(2))
 
 
 def simulated(cfg: ExperimentConfig) -> float:
@@ -111,9 +119,7 @@ def config(model: str, workers: int, steps: int, batch_size: int = 32) -> Experi
 def measure(model: str, workers: int, steps: int, batch_size: int = 32) -> tuple[float, float]:
     """Seconds (best of 2) for the plain gradients and for the simulated run, in that order."""
     cfg = config(model, workers, steps, batch_size)
-    plain = min(plain_gradients(cfg) for _ in range(2))
-    sim = min(simulated(cfg) for _ in range(2))
-    return plain, sim
+    return best_of_two(plain_gradients, cfg), best_of_two(simulated, cfg)
 
 
 def main() -> None:
@@ -132,9 +138,10 @@ def main() -> None:
     )
     for model in args.models:
         for n in args.workers:
-            plain, sim = measure(model, n, args.steps, args.batch_size)
             cfg = config(model, n, args.steps, args.batch_size)
-            arith = min(replica_arithmetic(cfg) for _ in range(2))
+            plain, sim, arith = (
+                best_of_two(side, cfg) for side in (plain_gradients, simulated, replica_arithmetic)
+            )
             print(
                 f"{model:>6} {n:>8} {args.steps:>6} {plain:>8.2f} {sim:>8.2f} {arith:>8.2f}"
                 f"   {sim / plain:>6.2f} {arith / plain:>7.2f}",
