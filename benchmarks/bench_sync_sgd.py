@@ -15,6 +15,7 @@ what our code costs.
 from __future__ import annotations
 
 import argparse
+import queue
 import socket
 import statistics
 import time
@@ -80,20 +81,10 @@ def _ddp_rank(
     dist.destroy_process_group()
 
 
-class _Box:
-    """Stands in for the queue a spawned DDP rank reports to, in a Dask task's own process."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[int, float]] = []
-
-    def put(self, item: tuple[int, float]) -> None:
-        self.items.append(item)
-
-
 def _ddp_task(rank: int, port: int, model: str, batch: int, steps: int) -> float:
-    box = _Box()
-    _ddp_rank(rank, 2, port, model, batch, steps, True, box)  # type: ignore[arg-type]
-    return box.items[0][1]
+    out: queue.SimpleQueue = queue.SimpleQueue()  # what a spawned rank reports to, in-process
+    _ddp_rank(rank, 2, port, model, batch, steps, True, out)  # type: ignore[arg-type]
+    return out.get()[1]
 
 
 def ddp_in_dask_throughput(client, model: str, batch: int, steps: int) -> float:
