@@ -137,19 +137,22 @@ def calibrate_from_runs(
     shape, classes = SHAPES[model_name]
     grad_bytes = 4 * count_parameters(build_model(model_name, shape, classes))
     comm = allreduce_time(grad_bytes + 4, 2, network)  # the naive reducer: one flat allreduce
+    configs = {
+        batch: ExperimentConfig(
+            strategy="allreduce-naive",
+            workers=2,
+            model=model_name,
+            batch_size=batch,
+            max_steps=steps,
+            train_subset=2 * batch * steps,
+            val_size=100,
+            test_subset=100,
+        )
+        for batch in batches
+    }
     runs: dict[int, list[float]] = {batch: [] for batch in batches}
     for _ in range(repeats):
-        for batch in batches:
-            cfg = ExperimentConfig(
-                strategy="allreduce-naive",
-                workers=2,
-                model=model_name,
-                batch_size=batch,
-                max_steps=steps,
-                train_subset=2 * batch * steps,
-                val_size=100,
-                test_subset=100,
-            )
+        for batch, cfg in configs.items():
             rows: list[dict[str, Any]] = []
             execute(cfg, f"calibrate-{model_name}-{batch}", rows.extend, client=client)
             runs[batch].append(step_time(to_frame(rows)))

@@ -17,9 +17,9 @@ from .errors import ConfigError
 # Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
 # trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.
 # glibc gives each thread that allocates its own malloc arena; a worker trains in a task thread,
-# whose arena maps its heaps in 64 MiB pieces and reuses freed buffers worse than the main
-# arena does (plain DDP at batch 256 trained ~10% slower from a thread than from the main
-# thread, and as fast with one arena: benchmarks/bench_sync_sgd.py). One arena per worker.
+# whose arena reused the CNN's batch-256 buffers worse than the main arena (plain DDP trained
+# ~10% slower from a second thread than from the main one, and as fast with one arena). One
+# arena per worker: ours vs DDP at batch 256 went from x0.86 to x0.95 (bench_sync_sgd.py).
 WORKER_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
