@@ -11,7 +11,6 @@ from typing import Any
 
 from . import cli_large_batch, cli_options
 from .config import (
-    CONTRACT_STRATEGIES,
     DATASETS,
     IMPLEMENTED_RUNTIMES,
     IMPLEMENTED_STRATEGIES,
@@ -188,11 +187,8 @@ def _cmd_list() -> None:
     from .strategies import DESCRIPTIONS
 
     print("strategies (implemented):")
-    for name in (n for n in IMPLEMENTED_STRATEGIES if n in DESCRIPTIONS):
-        print(f"  {name:18s} {DESCRIPTIONS.get(name, '')}")
-    pending = [s for s in CONTRACT_STRATEGIES if s not in DESCRIPTIONS]
-    if pending:
-        print("strategies (planned): " + ", ".join(pending))
+    for name in IMPLEMENTED_STRATEGIES:
+        print(f"  {name:18s} {DESCRIPTIONS[name]}")
     print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
     print("datasets: " + ", ".join(DATASETS))
     print("models: " + ", ".join(MODELS))

@@ -17,7 +17,6 @@ from .contract import (
     IMPLEMENTED_STRATEGIES,
     MODEL_PARALLEL_STRATEGIES,
     OPTIMIZERS,
-    PENDING_STRATEGIES,
     PIPELINE_STRATEGIES,
     PRECISIONS,
     RUNTIMES,
@@ -34,7 +33,6 @@ __all__ = [
     "DATASETS",
     "IMPLEMENTED_STRATEGIES",
     "MODEL_PARALLEL_STRATEGIES",
-    "PENDING_STRATEGIES",
     "PIPELINE_STRATEGIES",
     "SERVER_STRATEGIES",
     "TOPOLOGY_STRATEGIES",
@@ -192,11 +190,6 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.strategy not in CONTRACT_STRATEGIES:
         raise ConfigError(
             f"strategy={cfg.strategy!r} is unknown; allowed: {choices(IMPLEMENTED_STRATEGIES)}"
-        )
-    if cfg.strategy not in IMPLEMENTED_STRATEGIES:
-        raise ConfigError(
-            f"strategy={cfg.strategy!r} is not implemented yet; available: "
-            f"{choices(IMPLEMENTED_STRATEGIES)}"
         )
     if cfg.runtime not in RUNTIMES:
         raise ConfigError(f"runtime={cfg.runtime!r} is unknown; allowed: {choices(RUNTIMES)}")

@@ -3,9 +3,7 @@ datasets, optimisers and the other choices a config offers. Imports nothing from
 
 from __future__ import annotations
 
-# Every strategy name of the user-facing contract. Only those in IMPLEMENTED_STRATEGIES run; the
-# others (PENDING_STRATEGIES) are reserved, so that a typo and a technique still to be built give
-# different messages.
+# Every strategy name of the user-facing contract; each one is implemented.
 CONTRACT_STRATEGIES: tuple[str, ...] = (
     "allreduce",
     "allreduce-naive",
@@ -28,14 +26,11 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "1f1b",
     "tensor-parallel",
 )
-PENDING_STRATEGIES: tuple[str, ...] = ()
 # Pipelines: the model split into stages, one per worker of a replica (``stages``).
 PIPELINE_STRATEGIES: tuple[str, ...] = ("model-parallel", "gpipe", "1f1b")
 # Strategies that split the model itself across workers.
 MODEL_PARALLEL_STRATEGIES: tuple[str, ...] = (*PIPELINE_STRATEGIES, "tensor-parallel")
-IMPLEMENTED_STRATEGIES: tuple[str, ...] = tuple(
-    s for s in CONTRACT_STRATEGIES if s not in PENDING_STRATEGIES
-)
+IMPLEMENTED_STRATEGIES: tuple[str, ...] = CONTRACT_STRATEGIES
 # Strategies whose workers talk along a topology (``topology``, default "ring").
 TOPOLOGY_STRATEGIES: tuple[str, ...] = ("nnt", "nnt-lockstep", "nnt-staged", "dpsgd", "adpsgd")
 # Strategies with hosted parameter servers (``servers`` shards).
