@@ -38,13 +38,6 @@ TEST_IMAGES = "t10k-images-idx3-ubyte.gz"
 TEST_LABELS = "t10k-labels-idx1-ubyte.gz"
 FILES = (TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES, TEST_LABELS)
 
-# MD5 of the archives as published upstream (README of zalandoresearch/fashion-mnist).
-UPSTREAM_MD5 = {
-    TRAIN_IMAGES: "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-    TRAIN_LABELS: "25c81989df183df01b3e8a0aad5dffbe",
-    TEST_IMAGES: "bef4ecab320f06d8554ea6380940ec79",
-    TEST_LABELS: "bb300cfdad3c16e7a12a480ee83cd310",
-}
 # Accepted SHA-256 per archive: (upstream archive, Debian copy). Debian re-gzipped the files,
 # so its archives hash differently, but they decompress to byte-identical IDX data: the MD5s
 # of the decompressed files equal those torchvision publishes for the upstream ones.

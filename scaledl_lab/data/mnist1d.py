@@ -133,9 +133,3 @@ def to_dataset(x: np.ndarray, y: np.ndarray) -> Dataset:
     """Standardised signals ``(N, 40)`` as a Dataset of shape ``(N, 1, 40)``."""
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).unsqueeze(1)
     return Dataset(NAME, xt, torch.from_numpy(np.asarray(y, dtype=np.int64)), NUM_CLASSES)
-
-
-def load_mnist1d_file(path: str | os.PathLike) -> tuple[Dataset, Dataset]:
-    """Train and test sets from a cache file written by ``generate``."""
-    raw = read_raw(path)
-    return to_dataset(raw.x_train, raw.y_train), to_dataset(raw.x_test, raw.y_test)
