@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import cli_large_batch, cli_options
+from . import cli_large_batch, cli_options, contract
 from .config import (
     DATASETS,
     IMPLEMENTED_RUNTIMES,
@@ -88,10 +88,36 @@ def _parser() -> argparse.ArgumentParser:
         "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
     )
     run.add_argument("--sharding", default=d["sharding"].default)
+    run.add_argument(
+        "--val-size",
+        type=int,
+        default=d["val_size"].default,
+        help="training samples held out for validation",
+    )
     run.add_argument("--train-subset", type=int, default=None)
     run.add_argument("--test-subset", type=int, default=None)
     run.add_argument("--max-steps", type=int, default=None)
     run.add_argument("--data-dir", default=None)
+    run.add_argument(
+        "--device",
+        default=d["device"].default,
+        help="dask: " + " | ".join(contract.DEVICES) + " (auto: GPUs if every worker has one)",
+    )
+    run.add_argument(
+        "--precision", default=d["precision"].default, help=" | ".join(contract.PRECISIONS)
+    )
+    run.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=d["bucket_mb"].default,
+        help="allreduce: gradient bucket size in MiB",
+    )
+    run.add_argument(
+        "--timeout-s",
+        type=float,
+        default=d["timeout_s"].default,
+        help="dask: seconds a collective or a server call may wait before the run fails",
+    )
     run.add_argument(
         "--oversubscribe", action="store_true", help="allow more real workers than CPU cores"
     )
@@ -119,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     cli_large_batch.add_run_options(run)
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     _cluster_options(run)
-    run.add_argument("--out", default=None, help="results folder (default results/<run>)")
+    run.add_argument("--name", default=None, help="the run's label (default STRATEGY-RUNTIME-Nw)")
+    run.add_argument("--out", default=None, help="results folder (default results/<label>)")
 
     res = sub.add_parser("resume", help="continue a run from the last checkpoint in its folder")
     res.add_argument("results_dir", help="the run's results folder (--out of `run`)")
@@ -173,9 +200,11 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         global_batch_size=args.global_batch_size, lr=args.lr, momentum=args.momentum,
         weight_decay=args.weight_decay, optimizer=args.optimizer,
         clip_gradient=args.clip_gradient, seed=args.seed,
-        topology=args.topology, sharding=args.sharding, train_subset=args.train_subset,
-        test_subset=args.test_subset, max_steps=args.max_steps, data_dir=args.data_dir,
-        oversubscribe=args.oversubscribe, compute_profile=args.compute_profile,
+        topology=args.topology, sharding=args.sharding, val_size=args.val_size,
+        train_subset=args.train_subset, test_subset=args.test_subset, max_steps=args.max_steps,
+        bucket_mb=args.bucket_mb, device=args.device, precision=args.precision,
+        data_dir=args.data_dir, timeout_s=args.timeout_s, oversubscribe=args.oversubscribe,
+        name=args.name, compute_profile=args.compute_profile,
         network=args.network, allreduce_algorithm=args.allreduce_algorithm,
         stragglers=args.stragglers, **cli_options.config_options(args),
         **cli_large_batch.config_options(args),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
 import pytest
 
-from scaledl_lab.cli import main
+from scaledl_lab.cli import _config_from_args, _parser, main
+from scaledl_lab.config import ExperimentConfig
 from scaledl_lab.data import locate, write_cifar10_fixture
 from scaledl_lab.experiment import Results
 from scaledl_lab.metrics import METRIC_COLUMNS
@@ -132,8 +134,6 @@ def test_run_writes_results_folder(tmp_path, capsys):
     "given,lead", [("unbounded", None), ("none", None), ("0", 0), ("4", 4), (None, None)]
 )
 def test_nnt_max_lead_reads_a_count_or_unbounded(given, lead):
-    from scaledl_lab.cli import _config_from_args, _parser
-
     argv = ["run", "--strategy", "nnt", "--runtime", "sim", "--model", "mlp"]
     args = _parser().parse_args(argv + (["--nnt-max-lead", given] if given else []))
     assert _config_from_args(args).nnt_max_lead == lead
@@ -169,6 +169,71 @@ def test_run_passes_every_option_to_the_config(tmp_path, capsys):
     train = frame[frame.kind == "train"]
     assert set(train["samples"]) == {16} and sorted(train["rank"].unique()) == [0, 1, 2]
     assert sorted(frame[frame.kind == "server"]["rank"]) == [3, 4]  # two shards
+
+
+def test_every_config_field_is_set_from_a_run_flag(monkeypatch):
+    from scaledl_lab import cli
+
+    args = _parser().parse_args(["run"])
+    given = {}
+
+    def spy(**fields):
+        given.update(fields)
+        return ExperimentConfig(**fields)
+
+    monkeypatch.setattr(cli, "ExperimentConfig", spy)
+    _config_from_args(args)
+    assert sorted(given) == sorted(f.name for f in dataclasses.fields(ExperimentConfig))
+
+
+def test_omitted_flags_keep_the_config_defaults(monkeypatch):
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+    cfg = _config_from_args(_parser().parse_args(["run"]))
+    assert cfg == ExperimentConfig()  # allreduce's family defaults are the config's own
+    assert (cfg.val_size, cfg.bucket_mb, cfg.timeout_s) == (5000, 4.0, 60.0)
+    assert (cfg.device, cfg.precision, cfg.name) == ("auto", "float32", None)
+
+
+@pytest.mark.parametrize(
+    "flag,given,field,value",
+    [
+        ("--device", "cpu", "device", "cpu"),
+        ("--device", "cuda", "device", "cuda"),
+        ("--precision", "float64", "precision", "float64"),
+        ("--bucket-mb", "0.5", "bucket_mb", 0.5),
+        ("--val-size", "0", "val_size", 0),
+        ("--val-size", "1000", "val_size", 1000),
+        ("--timeout-s", "5", "timeout_s", 5.0),
+        ("--name", "mine", "name", "mine"),
+    ],
+)
+def test_run_flag_reaches_its_config_field(monkeypatch, flag, given, field, value):
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+    cfg = _config_from_args(_parser().parse_args(["run", flag, given]))
+    assert getattr(cfg, field) == value
+    assert cfg == ExperimentConfig().replace(**{field: value})  # nothing else changes
+
+
+def test_run_name_is_the_label():
+    assert _config_from_args(_parser().parse_args(["run", "--name", "mine"])).label == "mine"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--device", "tpu"], "device='tpu' is unknown; allowed: 'auto', 'cpu', 'cuda'"),
+        (
+            ["--precision", "float16"],
+            "precision='float16' is unknown; allowed: 'float32', 'float64'",
+        ),
+        (["--val-size", "-1"], "val_size=-1 must be a non-negative integer"),
+        (["--bucket-mb", "0"], "bucket_mb=0.0 must be a positive number"),
+        (["--timeout-s", "-5"], "timeout_s=-5.0 must be a positive number"),
+    ],
+)
+def test_run_flag_bad_value_fails_with_the_config_message(capsys, argv, message):
+    assert main(["run", *argv]) == 1
+    assert capsys.readouterr().err == f"scaledl-lab: error: {message}\n"
 
 
 def test_reproduce_long_runs_the_long_comparison(tmp_path, monkeypatch, capsys):
