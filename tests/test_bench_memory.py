@@ -1,0 +1,100 @@
+"""benchmarks/bench_memory.py's sampler: a process tree's summed PSS, grandchildren included.
+
+Runs tiny Python commands only (a few seconds); the script's targets are run by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_memory.py"
+MB = 10**6
+
+# Holds argv[1] MB (every page written, so every page is resident and private), then runs
+# itself on the rest of argv, holding its block until that child ends; the last one sleeps.
+HOLD = """\
+import subprocess, sys, time
+block = bytearray(int(sys.argv[1]) * 10**6)
+for i in range(0, len(block), 4096):
+    block[i] = 1
+if sys.argv[2:]:
+    subprocess.run([sys.executable, __file__, *sys.argv[2:]], check=True)
+else:
+    time.sleep(1.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_memory", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_summed_pss_counts_the_child_and_the_grandchild(bench, tmp_path):
+    hold = tmp_path / "hold.py"
+    hold.write_text(HOLD)
+
+    def tree(child_mb: int, grandchild_mb: int) -> dict:
+        # A root holding nothing, its child, its grandchild: three interpreters.
+        cmd = [sys.executable, str(hold), "0", str(child_mb), str(grandchild_mb)]
+        return bench.measure(cmd, dict(os.environ), 0.1)
+
+    baseline, loaded = tree(0, 0), tree(200, 100)
+    assert baseline["exit_code"] == loaded["exit_code"] == 0
+    assert baseline["processes_at_peak"] == loaded["processes_at_peak"] == 3
+
+    # The same three interpreters with and without the blocks: the peaks differ by the blocks'
+    # 300 MB, which are private written pages, so their PSS is their size (to a page). What else
+    # can differ between the two runs is the interpreters' share of shared pages (libpython,
+    # libc), which moves when other processes on the machine map the same files; that share is
+    # at most the shared part of their RSS, so the baseline's whole summed RSS (about 45 MB) bounds
+    # it. The bound is below the grandchild's 100 MB: a tree without it fails.
+    tolerance = baseline["peak_rss"]
+    assert tolerance < 100 * MB
+    assert abs(loaded["peak_pss"] - baseline["peak_pss"] - 300 * MB) <= tolerance
+    assert loaded["peak_pss"] >= 300 * MB  # the blocks alone, whatever the interpreters share
+
+    # RSS counts shared pages in full, PSS in shares; the largest process is the child alone
+    # (its 200 MB and one interpreter), which is what /usr/bin/time -v would report.
+    assert loaded["peak_rss"] >= loaded["peak_pss"]
+    assert 200 * MB <= loaded["largest_process"] < 200 * MB + tolerance
+    # wait4's figure has the child's block too (and this large pytest process's image from
+    # before the exec, so it is not compared with the sampled figure here).
+    assert loaded["rusage_maxrss"] >= 200 * MB
+    assert loaded["unreadable"] == 0 and loaded["left_behind"] == 0
+    assert 1.5 <= loaded["wall"] < 8
+    assert loaded["samples"] >= 10
+
+
+def test_a_failing_command_keeps_its_exit_code(bench):
+    figures = bench.measure([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), 0.1)
+    assert figures["exit_code"] == 3
+    assert figures["samples"] >= 1 and figures["wall"] < 5
+
+
+def test_budgets_are_judged_in_quick_mode_only(bench):
+    assert bench.budget_verdict("reproduce", "quick", 2.9, 290, 0) == "≤ 3 GB, ≤ 300 s: met"
+    assert bench.budget_verdict("reproduce", "quick", 2.9, 301, 0) == "≤ 3 GB, ≤ 300 s: not met"
+    assert bench.budget_verdict("notebook", "quick", 2.01, 10, 0) == "≤ 2 GB: not met"
+    assert bench.budget_verdict("notebook", "quick", 1.0, 10, 1).endswith("not judged (failed)")
+    assert bench.budget_verdict("notebook", "full", 9.0, 10, 0) == "—"
+
+
+def test_targets_resolve_by_number_stem_or_path(bench):
+    by_number, by_path = bench.resolve(["07"]), bench.resolve(["notebooks/07_large_batch.ipynb"])
+    assert by_number == by_path and by_number[0].name == "07_large_batch"
+    assert [t.name for t in bench.resolve(["reproduce"])] == ["reproduce"]
+    assert {t.name for t in bench.all_targets()} >= {"reproduce", "07_large_batch"}
+    with pytest.raises(SystemExit):
+        bench.resolve(["99"])
