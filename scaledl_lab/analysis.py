@@ -328,3 +328,24 @@ def traffic_table(results: Any, *, model_bytes: Baseline | None = None) -> pd.Da
     columns = ["method", "run", "strategy", "runtime", "workers", "topology", "servers"]
     columns += ["bytes_per_worker_step", "server_bytes_per_round", "model_bytes"]
     return pd.DataFrame(records, columns=columns)
+
+
+# -- the same run on another processor -------------------------------------------------------
+
+
+def drift_band(drift: pd.DataFrame, case: str, run: str, metric: str = "test_acc") -> tuple:
+    """Where a run's ``metric`` is expected to land on any processor, from the drift study
+    (``benchmarks/kernel_drift.py``; its ``drift.csv`` is ``drift``): the mean of every draw it
+    measured (each seed on each CPU kernel set) ± four of their standard deviations.
+
+    A run on a processor the study did not measure is one more draw: a synchronous run differs
+    from another kernel set's far less than from another seed's, an asynchronous one can follow
+    another trajectory altogether, and the band is as wide as the distribution it comes from.
+    Four standard deviations hold every draw measured (with 15 draws none can lie further than
+    √14 ≈ 3.7 of them from the mean) and, were the draws normal, miss one run in 16,000.
+    """
+    rows = drift[(drift["case"] == case) & (drift["run"] == run) & (drift["metric"] == metric)]
+    if len(rows) != 1:
+        raise KeyError(f"the drift study has no {metric!r} for run {run!r} of case {case!r}")
+    r = rows.iloc[0]
+    return float(r["mean"]) - 4 * float(r["sd"]), float(r["mean"]) + 4 * float(r["sd"])

@@ -431,3 +431,42 @@ def test_each_quote_occurs_verbatim_in_paper_md():
         assert quote in paper, key
     if SHARED_PAPER_MD.is_file():  # where the original is at hand, the copy must be the same
         assert PAPER_MD.read_text() == SHARED_PAPER_MD.read_text()
+
+
+def _drift(**values) -> pd.DataFrame:
+    row = {"case": "c", "run": "r", "metric": "test_acc", "mean": 0.72, "sd": 0.01,
+           "min": 0.70, "max": 0.74}  # fmt: skip
+    return pd.DataFrame([{**row, **values}])
+
+
+def test_drift_band_is_the_mean_of_the_draws_plus_or_minus_four_standard_deviations():
+    assert analysis.drift_band(_drift(), "c", "r") == pytest.approx((0.68, 0.76))
+    wide = analysis.drift_band(_drift(sd=0.05), "c", "r")  # a chaotic run: as wide as its cloud
+    assert wide == pytest.approx((0.52, 0.92))
+
+
+def test_drift_band_of_a_run_the_study_did_not_measure_is_a_clear_error():
+    with pytest.raises(KeyError, match="no 'test_acc' for run 'other' of case 'c'"):
+        analysis.drift_band(_drift(), "c", "other")
+
+
+def test_the_committed_drift_study_covers_every_run_the_notebooks_check():
+    """Notebooks 03 and 04 assert their accuracies inside these bands (``drift_band``)."""
+    root = Path(__file__).resolve().parents[1] / "results" / "kernel-drift"
+    drift = pd.read_csv(root / "drift.csv")
+    runs = pd.read_csv(root / "runs.csv")
+    assert runs["kernel"].nunique() >= 2 and runs["seed"].nunique() >= 3
+    # every kernel set really ran other kernels (the variable took effect)
+    assert runs.groupby("kernel")["capability"].nunique().eq(1).all()
+    assert runs["capability"].nunique() == runs["kernel"].nunique()
+    wanted = {"03 §3": {"ps-sync", "ps-async", "staleness-aware", "dc-asgd-a", "hogwild"},
+              "03 downpour": {"ps-async", "downpour"},
+              "04 §5": {"allreduce", "nnt ring", "nnt torus 4x4", "nnt-staged torus 4x4",
+                        "dpsgd torus 4x4"},
+              "04 §7": {"allreduce", "local-sgd", "easgd", "adpsgd ring"}}  # fmt: skip
+    for case, names in wanted.items():
+        assert set(drift[drift["case"] == case]["run"]) == names, case
+        for name in names:
+            lo, hi = analysis.drift_band(drift, case, name)
+            row = drift[(drift.case == case) & (drift.run == name) & (drift.metric == "test_acc")]
+            assert lo <= row["min"].item() <= row["max"].item() <= hi, (case, name)
