@@ -40,6 +40,10 @@ def environment_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        # the vectorised kernels torch runs here (AVX512, AVX2, DEFAULT, ...): another set rounds
+        # differently, and an asynchronous run can then take another path (README, "The same
+        # run on another processor")
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda_devices": torch.cuda.device_count(),
         "git_commit": commit,
     }
