@@ -5,14 +5,12 @@ Runs tiny Python commands only (a few seconds); the script's targets are run by 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
+from common import benchmark_module
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_memory.py"
 MB = 10**6
 
 # Holds argv[1] MB (every page written, so every page is resident and private), then runs
@@ -31,14 +29,8 @@ else:
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("bench_memory") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_summed_pss_counts_the_child_and_the_grandchild(bench, tmp_path):

@@ -6,25 +6,15 @@ Pure formatting only; nothing here times anything (the script itself is run by h
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_perf_table.py"
+from common import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def table():
-    spec = importlib.util.spec_from_file_location("bench_perf_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("bench_perf_table") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_targets_are_inclusive_at_their_bounds(table):
