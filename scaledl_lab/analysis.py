@@ -334,15 +334,11 @@ def traffic_table(results: Any, *, model_bytes: Baseline | None = None) -> pd.Da
 
 
 def drift_band(drift: pd.DataFrame, case: str, run: str, metric: str = "test_acc") -> tuple:
-    """Where a run's ``metric`` is expected to land on any processor, from the drift study
-    (``benchmarks/kernel_drift.py``; its ``drift.csv`` is ``drift``): the mean of every draw it
-    measured (each seed on each CPU kernel set) ± four of their standard deviations.
-
-    A run on a processor the study did not measure is one more draw: a synchronous run differs
-    from another kernel set's far less than from another seed's, an asynchronous one can follow
-    another trajectory altogether, and the band is as wide as the distribution it comes from.
-    Four standard deviations hold every draw measured (with 15 draws none can lie further than
-    √14 ≈ 3.7 of them from the mean) and, were the draws normal, miss one run in 16,000.
+    """Where a run's ``metric`` lands on any processor, from the drift study's ``drift.csv``
+    (``benchmarks/kernel_drift.py``): the mean of its draws (each seed on each CPU kernel set)
+    ± four of their standard deviations. A run on another processor is one more draw, and the
+    band is as wide as the distribution: narrow for a synchronous run, wide for a chaotic one.
+    Four sd hold every draw (of 15, none lies past √14 ≈ 3.7 sd) and miss 1 in 16,000 normal ones.
     """
     rows = drift[(drift["case"] == case) & (drift["run"] == run) & (drift["metric"] == metric)]
     if len(rows) != 1:
