@@ -79,7 +79,7 @@ def test_bad_config_exits_with_message(capsys):
 def test_unknown_benchmark(capsys):
     assert main(["bench", "nope"]) == 2
     assert (
-        "unknown benchmark 'nope'; available: async, collectives, compression, gpu, "
+        "unknown benchmark 'nope'; available: async, collectives, compression, gpu, memory, "
         "nnt_straggler, perf_table, pipeline, ps_sync, sharpness, sim_cost, sim_fidelity, "
         "sync_sgd, tensor_parallel" in (capsys.readouterr().err)
     )
