@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from .config import TOPOLOGY_STRATEGIES, ExperimentConfig
-from .cost import Stragglers
 from .metrics import summarise_workers
+from .runtime.sim.cost import Stragglers
 from .topology import parse
 
 TRAFFIC = "traffic"  # runs named "traffic · METHOD · Nw" belong to a traffic sweep

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .cost import ComputeProfile, NetworkProfile, default_profile_path, save_calibration
 from .models import build_model
 from .runtime.memory import keep_freed_memory
+from .runtime.sim.cost import ComputeProfile, NetworkProfile, default_profile_path, save_calibration
 
 SHAPES = {
     "mlp": ((1, 28, 28), 10),
@@ -84,7 +84,7 @@ def time_apply(model_name: str, *, repeats: int = 20, warmup: int = 3) -> float:
 def _time_on_workers(client: Any, model_name: str, batch: int) -> float:
     """Mean step time with every worker of ``client`` timing at once, as they will train:
     concurrent workers share memory bandwidth and caches, which a lone process does not see."""
-    from .runtime.dask import worker_addresses
+    from .runtime.dask.driver import worker_addresses
 
     futures = [
         client.submit(time_steps, model_name, batch, workers=[addr], pure=False)
@@ -128,10 +128,10 @@ def calibrate_from_runs(
     in three calibrations on this machine.
     """
     from .config import ExperimentConfig
-    from .cost import allreduce_time
     from .launch import execute
     from .metrics import to_frame
     from .models import count_parameters
+    from .runtime.sim.cost import allreduce_time
     from .scaling import step_time
 
     shape, classes = SHAPES[model_name]
@@ -203,7 +203,7 @@ def calibrate(
     log: Any = print,
 ) -> Path:
     """Measure compute for ``models`` and the network, and save the profile JSON."""
-    from .cluster import connect
+    from .runtime.dask.cluster import connect
 
     with contextlib.ExitStack() as stack:
         if client is None:

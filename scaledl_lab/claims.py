@@ -18,7 +18,7 @@ import re
 
 import pandas as pd
 
-from .cost import Stragglers
+from .runtime.sim.cost import Stragglers
 from .topology import diameter
 
 MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)

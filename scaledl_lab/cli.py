@@ -19,9 +19,9 @@ from .config import (
     is_quick,
     quick,
 )
-from .cost import DEVICES, NETWORKS
 from .errors import RunError
 from .models import MODELS
+from .runtime.sim.cost import DEVICES, NETWORKS
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -182,7 +182,7 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
 
 
 def _security(args: argparse.Namespace) -> Any:
-    from .cluster import tls_security
+    from .runtime.dask.cluster import tls_security
 
     return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
 

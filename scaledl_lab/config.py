@@ -89,7 +89,7 @@ class ExperimentConfig:
     timeout_s: float = 60.0
     oversubscribe: bool = False
     name: str | None = None
-    # Simulated runtime only: the cost model (see scaledl_lab.cost).
+    # Simulated runtime only: the cost model (see scaledl_lab.runtime.sim.cost).
     compute_profile: str = "cpu-core"
     network: str = "loopback"
     allreduce_algorithm: str = "ring"
@@ -255,7 +255,7 @@ def validate(cfg: ExperimentConfig) -> None:
             f"{cfg.replicas} replicas (workers={cfg.workers}); choose a multiple of "
             f"{cfg.replicas} or set batch_size (per replica) instead"
         )
-    from .cost_checks import check_config
+    from .runtime.sim.cost_checks import check_config
 
     check_config(cfg)
     _validate_strategy_options(cfg)

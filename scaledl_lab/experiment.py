@@ -232,11 +232,12 @@ def compare(
     """Run several configs one after another on one cluster; one results table for all.
 
     Every config is validated and its data located before any cluster starts. ``security``:
-    Dask's ``Security`` for a ``tls://`` ``address`` (see :func:`scaledl_lab.cluster.connect`).
+    Dask's ``Security`` for a ``tls://`` ``address`` (see
+    :func:`scaledl_lab.runtime.dask.cluster.connect`).
     ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the checkpoint of
     that step in ``out`` (each rank reads its own file there), its rows appended to the table.
     """
-    from .cluster import connect
+    from .runtime.dask.cluster import connect
 
     configs = list(configs)
     if not configs:

@@ -18,10 +18,10 @@ import torch
 
 from .checkpoint import load_rank, load_servers
 from .config import ExperimentConfig
-from .cost import Stragglers, build_cost_model
 from .metrics import Row, record
 from .models import model_flops
 from .runtime.base import Comm, Emit, Launch, Outcome
+from .runtime.sim.cost import Stragglers, build_cost_model
 from .strategies import Strategy, get_strategy
 from .worker import Program, WorkerContext, load_for
 
@@ -101,13 +101,13 @@ def execute(
     the results folder and step of the checkpoint to continue from)."""
     launch = launch_for(cfg, run_label, program, resume)
     if cfg.runtime == "sim":
-        from .runtime.sim import run_sim
+        from .runtime.sim.scheduler import run_sim
 
         data = load_for(cfg)
         cost = build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes))
         outcome = run_sim(launch, cost, on_rows)
     else:
-        from .runtime.dask import run_dask
+        from .runtime.dask.driver import run_dask
 
         def on_lost(rank: int, at: float) -> None:
             on_rows(

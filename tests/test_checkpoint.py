@@ -77,7 +77,7 @@ def test_resume_of_a_finished_run_asks_for_more_epochs(tmp_path):
 
 
 def test_a_resumed_dask_run_continues_from_the_checkpoint_step(tmp_path):
-    from scaledl_lab.cluster import connect
+    from scaledl_lab.runtime.dask.cluster import connect
 
     cfg = ExperimentConfig(strategy="allreduce", workers=2, checkpoint_every=5,
                            **{**BASE, "runtime": "dask", "max_steps": 10})  # fmt: skip

@@ -12,8 +12,8 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
-from scaledl_lab.cluster import live_workers
-from scaledl_lab.runtime.devices import plan_devices
+from scaledl_lab.runtime.dask.cluster import live_workers
+from scaledl_lab.runtime.dask.devices import plan_devices
 
 
 def seen(address: str, host: str, gpus: int, visible: str | None = None) -> dict:

@@ -221,7 +221,7 @@ def test_unbounded_nnt_on_dask_with_a_straggler_applies_every_message(client):
 def test_the_simulator_charges_every_neighbour_gradient_it_applies(tmp_path, strategy):
     """Each application of a neighbour's gradient (its copy out of the receive buffer and the
     optimiser step) costs the profile's apply_per_byte_s × its bytes of virtual time."""
-    from scaledl_lab.cost import NETWORKS, ComputeProfile, save_calibration
+    from scaledl_lab.runtime.sim.cost import NETWORKS, ComputeProfile, save_calibration
 
     cfg = ExperimentConfig(
         strategy=strategy, runtime="sim", workers=2, model="mlp", nnt_max_lead=0, **SMALL

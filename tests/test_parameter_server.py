@@ -16,10 +16,10 @@ from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, RunError, run
 from scaledl_lab.analysis import time_per_epoch
-from scaledl_lab.cluster import connect
 from scaledl_lab.reference import train_sequential
 from scaledl_lab.runtime.base import NOT_READY
-from scaledl_lab.runtime.dask import worker_addresses
+from scaledl_lab.runtime.dask.cluster import connect
+from scaledl_lab.runtime.dask.driver import worker_addresses
 from scaledl_lab.strategies import get_strategy
 from scaledl_lab.strategies.ps_server import (
     ParameterServer,

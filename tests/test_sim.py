@@ -10,13 +10,8 @@ import torch
 from common import SMALL
 
 from scaledl_lab import ConfigError, ExperimentConfig, RunError, run
-from scaledl_lab.cost import (
-    ComputeProfile,
-    CostModel,
-    NetworkProfile,
-    Stragglers,
-)
-from scaledl_lab.runtime.sim import SimWorld
+from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+from scaledl_lab.runtime.sim.scheduler import SimWorld
 
 
 def _cost(latency=1e-4, bandwidth=1e9, per_sample=1e-4, stragglers=None, algorithm="ring"):
@@ -217,7 +212,7 @@ def test_many_virtual_workers():
 
 def test_calibration_measures_and_saves_a_usable_profile(client, tmp_path):
     from scaledl_lab.calibrate import calibrate
-    from scaledl_lab.cost import load_calibration
+    from scaledl_lab.runtime.sim.cost import load_calibration
 
     path = calibrate(("mlp",), tmp_path / "cal.json", client=client, log=None)
     compute, network = load_calibration(path)

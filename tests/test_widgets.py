@@ -12,7 +12,7 @@ import pytest
 from common import SMALL
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.cluster import start_local
+from scaledl_lab.runtime.dask.cluster import start_local
 from scaledl_lab.widgets import TEXT, TrainingPanel
 
 pytest.importorskip("ipywidgets")

@@ -96,8 +96,8 @@ def simulate_gossip(
     Returns the workers' stacked vectors (workers × numel) before each round and after the
     last: the disagreement ``(X − mean).norm()`` shrinks by W's second eigenvalue per round.
     """
-    from ..cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
-    from ..runtime.sim import SimWorld
+    from ..runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+    from ..runtime.sim.scheduler import SimWorld
 
     gen = torch.Generator().manual_seed(seed)
     start = torch.randn(workers, numel, generator=gen, dtype=torch.float64)

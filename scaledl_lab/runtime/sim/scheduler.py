@@ -2,9 +2,9 @@
 
 Each worker's program is the same ``async def`` that runs on Dask. Here its awaits yield
 requests to a small discrete-event scheduler instead of touching a network: gradients are
-computed for real, only time is virtual, charged by a :class:`~scaledl_lab.cost.CostModel`.
-The scheduler always resumes the runnable worker with the smallest clock (ties by rank), so a
-run is a pure function of its config and seed.
+computed for real, only time is virtual, charged by a :class:`~.cost.CostModel`. The scheduler
+always resumes the runnable worker with the smallest clock (ties by rank), so a run is a pure
+function of its config and seed.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 
-from ..cost import CostModel
-from ..errors import RunError, WorkerKilled, WorkerLostError
-from .base import Comm, Launch, Outcome
-from .memory import keep_freed_memory
-from .sim_comm import (
+from ...errors import RunError, WorkerKilled, WorkerLostError
+from ..base import Comm, Launch, Outcome
+from ..memory import keep_freed_memory
+from .comm import (
     LOST,
     Collective,
     Request,
@@ -33,7 +32,8 @@ from .sim_comm import (
     WaitCall,
     WaitRecv,
 )
-from .sim_servers import SimServers, _ServerState
+from .cost import CostModel
+from .servers import SimServers, _ServerState
 
 
 @dataclass

@@ -31,7 +31,7 @@ def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
 
 def check_config(cfg: Any) -> None:
     """Config errors of the cost-model fields (a ConfigError naming the field)."""
-    from .errors import ConfigError, choices
+    from ...errors import ConfigError, choices
 
     if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
         raise ConfigError(

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..cost import allgather_bytes, ring_allreduce_bytes
-from ..errors import RunError, ServerLostError
-from .base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
+from ...errors import RunError, ServerLostError
+from ..base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
+from ..sim.cost import allgather_bytes, ring_allreduce_bytes
 from .shm_link import ShmClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
-from .torch_work import (
+from .work import (
     _ActorCall,
     _Done,
     _Failed,

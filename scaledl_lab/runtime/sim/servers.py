@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import NOT_READY, clone_tensors, tensor_bytes
-from .sim_comm import SimCall
+from ..base import NOT_READY, clone_tensors, tensor_bytes
+from .comm import SimCall
 
 
 @dataclass
@@ -24,8 +24,8 @@ class _ServerState:
 
 
 class SimServers:
-    """The hosted-server half of :class:`~scaledl_lab.runtime.sim.SimWorld` (a mixin: it uses
-    the world's heap, clocks and cost model)."""
+    """The hosted-server half of :class:`~.scheduler.SimWorld` (a mixin: it uses the world's heap,
+    clocks and cost model)."""
 
     servers: list[_ServerState]
     cost: Any

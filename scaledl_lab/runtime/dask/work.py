@@ -1,4 +1,4 @@
-"""What a :class:`~.torch_comm.TorchComm` hands back: started collectives and messages (on the
+"""What a :class:`~.comm.TorchComm` hands back: started collectives and messages (on the
 rank's device or staged through it), posted receives, receiver-thread mailboxes and calls to
 server actors."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import PeerLostError, RunError
-from .base import Comm, Incoming, Mailbox, Pending
+from ...errors import PeerLostError, RunError
+from ..base import Comm, Incoming, Mailbox, Pending
 
 
 class _Done(Pending):

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 def probe() -> dict[str, Any]:

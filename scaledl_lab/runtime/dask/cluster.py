@@ -12,7 +12,7 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
-from .errors import ConfigError
+from ...errors import ConfigError
 
 # Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
 # trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.

@@ -1,5 +1,5 @@
 """The simulated runtime, a worker's side: :class:`SimComm` turns every Comm operation into a
-request to the scheduler (:mod:`.sim`) and resumes with its answer, in virtual time."""
+request to the scheduler (:mod:`.scheduler`) and resumes with its answer, in virtual time."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ..cost import allgather_bytes
-from ..errors import PeerLostError
-from .base import Comm, Incoming, Mailbox, Pending, clone_tensors, tensor_bytes
+from ...errors import PeerLostError
+from ..base import Comm, Incoming, Mailbox, Pending, clone_tensors, tensor_bytes
+from .cost import allgather_bytes
 
 
 @dataclass

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 from distributed import Queue, get_worker
 
-from .base import NOT_READY, Launch, clone_tensors, tensor_bytes
+from ..base import NOT_READY, Launch, clone_tensors, tensor_bytes
+from ..memory import keep_freed_memory
+from .comm import TorchComm
 from .devices import use_device
-from .memory import keep_freed_memory
 from .shm_link import ShmServer, host_key
-from .torch_comm import TorchComm
 
 FLUSH_S = 0.5
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from .base import NOT_READY
+from ...errors import ConfigError
+from ..base import NOT_READY
 
 LENGTH = struct.Struct("<Q")
 ALIGN = 64  # bytes: every tensor in a slot starts on a cache line

@@ -2,7 +2,7 @@
 
 Dask does placement, lifecycle, data loading and progress; per-step tensors travel over a
 torch.distributed process group (gloo on CPU, NCCL on GPU) that the ranks rendezvous on a free
-port of rank 0's host (:mod:`.dask_worker`, :mod:`.torch_comm`). A Dask task per step would cap
+port of rank 0's host (:mod:`.worker`, :mod:`.comm`). A Dask task per step would cap
 a run below ~90 steps/s. This module is the driver's side: place the ranks and servers, stream
 the rows, watch for dead workers.
 """
@@ -18,12 +18,12 @@ from urllib.parse import urlparse
 
 from distributed import Client, Queue, Variable
 
-from ..cluster import live_workers
-from ..errors import ConfigError, RunError, WorkerLostError
-from .base import Launch, Outcome
-from .dask_worker import ServerHost, free_port, run_rank, take_rows
+from ...errors import ConfigError, RunError, WorkerLostError
+from ..base import Launch, Outcome
+from .cluster import live_workers
 from .devices import plan_devices, probe
 from .shm_link import host_key, remove_left_behind, use_shared_memory
+from .worker import ServerHost, free_port, run_rank, take_rows
 
 POLL_S = 0.25
 LIVENESS_S = 1.0  # how often the driver asks the scheduler which workers are alive
