@@ -26,7 +26,7 @@ from scaledl_lab.experiment import Results
 from scaledl_lab.metrics import to_frame
 from scaledl_lab.models import build_model
 from scaledl_lab.sharpness import analyse
-from scaledl_lab.worker import load_for, make_optimizer
+from scaledl_lab.training.worker import load_for, make_optimizer
 
 
 def train_one_epoch(cfg: ExperimentConfig, model: torch.nn.Module) -> float:

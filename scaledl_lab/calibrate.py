@@ -128,11 +128,11 @@ def calibrate_from_runs(
     in three calibrations on this machine.
     """
     from .config import ExperimentConfig
-    from .launch import execute
     from .metrics import to_frame
     from .models import count_parameters
     from .runtime.sim.cost import allreduce_time
     from .scaling import step_time
+    from .training.launch import execute
 
     shape, classes = SHAPES[model_name]
     grad_bytes = 4 * count_parameters(build_model(model_name, shape, classes))
@@ -182,7 +182,7 @@ async def _allreduce_timings(ctx: Any) -> None:
 def calibrate_network(client: Any) -> NetworkProfile:
     """α and β of gloo between the first two workers of ``client``'s cluster."""
     from .config import ExperimentConfig
-    from .launch import execute
+    from .training.launch import execute
 
     cfg = ExperimentConfig(workers=2, model="mlp", train_subset=1000, test_subset=100, val_size=100)
     outcome = execute(

@@ -188,7 +188,7 @@ def _security(args: argparse.Namespace) -> Any:
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    from .health import recommended
+    from .training.health import recommended
 
     family = recommended(args.strategy)
     for name in ("lr", "momentum", "weight_decay", "optimizer"):
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"warning: {warning}")
             print(f"results written to {out}")
         elif args.command == "resume":
-            from .resume import resume
+            from .training.resume import resume
 
             results = resume(args.results_dir, args.epochs, address=args.address)
             print(results.summary().to_string(index=False))

@@ -112,7 +112,8 @@ class ExperimentConfig:
     micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
     balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
     recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
-    # Large batches (scaledl_lab.large_batch); None: on in the recipe (scaling, warmup, LARS/LAMB).
+    # Large batches (scaledl_lab.training.schedule, the recipe's details scaledl_lab.large_batch);
+    # None: on in the recipe (scaling, warmup, LARS/LAMB).
     lr_scaling: str = "none"  # "linear" | "sqrt": lr × (effective / reference batch) or its root
     reference_batch_size: int = 256  # the effective batch at which ``lr`` is the rate
     warmup_epochs: float = 0.0  # gradual warmup (Goyal et al. 2017); fractional allowed
@@ -124,7 +125,7 @@ class ExperimentConfig:
     no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
     compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
     error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
-    # Faults and checkpoints (scaledl_lab.faults, scaledl_lab.checkpoint).
+    # Faults and checkpoints (scaledl_lab.training.faults, scaledl_lab.training.checkpoint).
     faults: str | None = None  # "kill:RANK:STEP,...": worker RANK dies after its step STEP
     checkpoint_every: int | str | None = None  # N steps, or "Nepochs"; beside the metrics
 
@@ -303,8 +304,8 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
     from .compression import check_config as check_compression
 
     check_compression(cfg)
-    from .checkpoint import check_config as check_checkpoints
-    from .faults import parse_faults
+    from .training.checkpoint import check_config as check_checkpoints
+    from .training.faults import parse_faults
 
     parse_faults(cfg.faults, cfg.workers)
     check_checkpoints(cfg.strategy, cfg.compress, cfg.checkpoint_every)

@@ -12,16 +12,16 @@ from typing import Any
 
 import pandas as pd
 
-from .checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, RunError
-from .faults import check_fault_steps
 from .large_batch_checks import check_data as check_large_batch_data
-from .launch import RowsCallback
-from .launch import execute as execute_run
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
-from .worker import load_for, steps_per_epoch_of, total_steps
+from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
+from .training.faults import check_fault_steps
+from .training.launch import RowsCallback
+from .training.launch import execute as execute_run
+from .training.worker import load_for, steps_per_epoch_of, total_steps
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -96,7 +96,7 @@ class Results:
 
     def warnings(self) -> list[str]:
         """Runs that ended near chance or whose loss exploded, each with its likely cause."""
-        from .health import run_warnings
+        from .training.health import run_warnings
 
         return run_warnings(self.summary(), self.configs)
 
@@ -234,8 +234,9 @@ def compare(
     Every config is validated and its data located before any cluster starts. ``security``:
     Dask's ``Security`` for a ``tls://`` ``address`` (see
     :func:`scaledl_lab.runtime.dask.cluster.connect`).
-    ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the checkpoint of
-    that step in ``out`` (each rank reads its own file there), its rows appended to the table.
+    ``resume`` (:func:`scaledl_lab.training.resume.resume`): one config continues from the
+    checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
+    to the table.
     """
     from .runtime.dask.cluster import connect
 

@@ -13,7 +13,7 @@ from .contract import (
     SERVER_STRATEGIES,
 )
 from .errors import ConfigError, choices
-from .large_batch import StepPlan, epoch_batch_size, parse_batch_schedule, parse_lr_schedule
+from .training.schedule import StepPlan, epoch_batch_size, parse_batch_schedule, parse_lr_schedule
 
 
 def _is_int(value: Any) -> bool:

@@ -28,8 +28,8 @@ from .large_batch_report import (
     verdicts,
 )
 from .metrics import to_frame
-from .plan import load_for
 from .sharpness import analyse, loss_slice
+from .training.plan import load_for
 
 EPOCHS = 10
 LR = 0.01  # the rate of batch 128 (the reference batch): × 32 = 0.32 at 4096 with linear scaling

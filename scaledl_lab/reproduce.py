@@ -47,7 +47,7 @@ from .models import build_model, count_parameters, model_flops
 from .runtime.sim.cost import build_cost_model
 from .scaling import traffic_configs as sweep_configs
 from .side_by_side import compare_side_by_side, run_side_by_side, saved_apart
-from .worker import load_for
+from .training.worker import load_for
 
 SIM_WORKERS = 16
 TORUS = "torus:4x4"

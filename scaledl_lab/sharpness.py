@@ -26,7 +26,7 @@ from torch import nn
 
 from .data import Dataset
 from .models import build_model
-from .plan import load_for
+from .training.plan import load_for
 
 SAMPLES = 1000  # probe set for the Hessian and ε-sharpness
 TRAIN_SAMPLES = 10_000  # training samples scored for the train/test gap

@@ -11,7 +11,6 @@ import torch
 from common import SMALL
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.launch import execute
 from scaledl_lab.runtime.sim.cost import (
     ComputeProfile,
     CostModel,
@@ -20,6 +19,7 @@ from scaledl_lab.runtime.sim.cost import (
     allgather_time,
 )
 from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.training.launch import execute
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

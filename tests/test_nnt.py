@@ -10,8 +10,8 @@ from common import SMALL, max_diff
 from scaledl_lab import ExperimentConfig, run, topology
 from scaledl_lab.analysis import best_worker, step_rates
 from scaledl_lab.params import write_grads
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.worker import load_for
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for
 
 
 @pytest.mark.parametrize("optimizer,lr", [("sgd", 0.05), ("adam", 1e-3), ("adagrad", 0.01)])

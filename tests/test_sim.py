@@ -296,7 +296,7 @@ def test_label_skewed_shards_train_end_to_end():
     train = res.frame.query("kind == 'train'")
     assert (train.groupby("rank").size() == 6).all()
     from scaledl_lab.data import shard_indices
-    from scaledl_lab.worker import load_for
+    from scaledl_lab.training.worker import load_for
 
     labels = load_for(cfg).train.y
     classes = [

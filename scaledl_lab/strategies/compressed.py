@@ -35,7 +35,7 @@ from ..compression import (
 from ..config import ExperimentConfig
 from ..models import build_model
 from ..params import flat_grad, write_grads
-from ..worker import WorkerContext, load_for
+from ..training.worker import WorkerContext, load_for
 
 
 def spec_of(cfg: ExperimentConfig) -> CompressionSpec | None:

@@ -19,7 +19,7 @@ from .. import topology
 from ..compression import CompressionSpec, pack
 from ..params import state_vector
 from ..runtime.base import Incoming, Pending
-from ..worker import WorkerContext
+from ..training.worker import WorkerContext
 from .compressed import MessageCodec
 
 

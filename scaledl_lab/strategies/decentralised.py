@@ -18,7 +18,7 @@ from torch import nn
 from ..metrics import Row, summarise_workers
 from ..params import state_vector
 from ..runtime.base import Comm
-from ..worker import StepStats, WorkerContext, check_finite
+from ..training.worker import StepStats, WorkerContext, check_finite
 
 
 async def local_gradient(

@@ -29,7 +29,7 @@ import torch
 from ..config import ExperimentConfig
 from ..params import load_state_vector, state_vector
 from ..runtime.base import NOT_READY, Comm
-from ..worker import WorkerContext, lr_of
+from ..training.worker import WorkerContext, lr_of
 from .decentralised import local_gradient, log_consensus
 from .registry import ServerSpec, register
 

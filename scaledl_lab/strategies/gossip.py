@@ -31,8 +31,8 @@ from .. import topology
 from ..errors import PeerLostError
 from ..params import load_state_vector, state_vector
 from ..runtime.base import Comm, Incoming, Pending
-from ..snapshots import save_if_due, start_or_resume
-from ..worker import WorkerContext, lr_of
+from ..training.snapshots import save_if_due, start_or_resume
+from ..training.worker import WorkerContext, lr_of
 from .compressed import spec_of
 from .compressed_gossip import CompressedGossip
 from .decentralised import finish, finish_step, local_gradient

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..params import param_vector
-from ..worker import StepStats, WorkerContext, check_finite, lr_of, steps_per_epoch_of
+from ..training.worker import StepStats, WorkerContext, check_finite, lr_of, steps_per_epoch_of
 from .parameter_server import global_target
 from .registry import register
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..params import load_state_vector, state_vector
-from ..worker import WorkerContext, lr_of
+from ..training.worker import WorkerContext, lr_of
 from .decentralised import finish, finish_step, local_gradient
 from .registry import register
 

@@ -55,7 +55,7 @@ from .. import topology
 from ..errors import PeerLostError
 from ..params import flat_grad, load_state_vector, param_vector, state_vector, write_grads
 from ..runtime.base import Comm, Incoming, Pending
-from ..worker import WorkerContext, lr_of
+from ..training.worker import WorkerContext, lr_of
 from .compressed import message_codec
 from .decentralised import epoch_end, finish, local_gradient, log_consensus
 from .registry import register

@@ -30,8 +30,8 @@ from ..config import ExperimentConfig
 from ..large_batch import prepare_model
 from ..models import build_model
 from ..params import flat_grad, load_param_vector, param_vector
-from ..snapshots import restore, save_if_due
-from ..worker import (
+from ..training.snapshots import restore, save_if_due
+from ..training.worker import (
     StepStats,
     WorkerContext,
     check_finite,

@@ -33,7 +33,7 @@ from .. import partition
 from ..models import model_flops
 from ..params import flat_grad, write_grads
 from ..runtime.base import Group, Pending
-from ..worker import StepStats, WorkerContext, check_finite, lr_of
+from ..training.worker import StepStats, WorkerContext, check_finite, lr_of
 from .registry import register
 from .schedules import SCHEDULES, in_flight
 

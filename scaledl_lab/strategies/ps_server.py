@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from ..config import ExperimentConfig
-from ..large_batch import is_constant_lr, lr_at_epoch
 from ..runtime.base import NOT_READY
-from ..worker import make_optimizer, steps_per_epoch_of
+from ..training.schedule import is_constant_lr, lr_at_epoch
+from ..training.worker import make_optimizer, steps_per_epoch_of
 
 DC_MEAN_SQUARE_MOMENTUM = 0.95  # DC-ASGD-a's moving average of g⊙g (Zheng et al. 2016)
 DC_EPSILON = 1e-7
@@ -40,7 +40,7 @@ def staleness_aware_lr(lr: float, staleness: float) -> float:
 
 
 def scheduled_lr(cfg: ExperimentConfig, done: float, per_epoch: int, limit: float) -> float:
-    """The schedule's rate (``scaledl_lab.large_batch``) for the update after ``done`` of the
+    """The schedule's rate (``scaledl_lab.training.schedule``) for the update after ``done`` of the
     run's ``limit`` server updates, ``per_epoch`` of them an epoch; ``cfg.lr`` by default."""
     if is_constant_lr(cfg):
         return cfg.lr

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ExperimentConfig
-from ..worker import Program
+from ..training.worker import Program
 
 
 class ServerSpec(abc.ABC):

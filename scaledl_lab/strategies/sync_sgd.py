@@ -16,8 +16,8 @@ from torch import nn
 
 from ..params import grad_or_zeros
 from ..runtime.base import Comm, Pending
-from ..snapshots import save_if_due, start_or_resume
-from ..worker import StepStats, WorkerContext, check_finite
+from ..training.snapshots import save_if_due, start_or_resume
+from ..training.worker import StepStats, WorkerContext, check_finite
 from .compressed import CompressedAllreduce, spec_of
 from .registry import register
 

@@ -43,7 +43,14 @@ from torch import nn
 
 from ..models import MLP
 from ..runtime.base import Comm
-from ..worker import EVAL_BATCH, StepStats, WorkerContext, check_finite, lr_of, make_optimizer
+from ..training.worker import (
+    EVAL_BATCH,
+    StepStats,
+    WorkerContext,
+    check_finite,
+    lr_of,
+    make_optimizer,
+)
 from .registry import register
 
 FORWARD, BACKWARD = 1 / 3, 2 / 3  # a step's FLOPs: forward ~1/3, backward (two matmuls) ~2/3

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 SPELLING = "kill:RANK:STEP (commas between several)"
 

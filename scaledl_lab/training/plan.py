@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
-from .compression import momentum_correction
-from .config import ExperimentConfig
-from .data import DataSplits, load_dataset
-from .large_batch import StepPlan, no_bias_decay_of, trust_coefficient_of
+from ..compression import momentum_correction
+from ..config import ExperimentConfig
+from ..data import DataSplits, load_dataset
+from ..large_batch import no_bias_decay_of, trust_coefficient_of
 from .optim import LAMB, LARS, param_groups
+from .schedule import StepPlan
 
 
 @functools.lru_cache(maxsize=4)

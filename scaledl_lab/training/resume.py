@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config import ExperimentConfig
+from ..errors import ConfigError
+from ..experiment import Results, compare, total_steps
 from . import checkpoint
-from .config import ExperimentConfig
-from .errors import ConfigError
-from .experiment import Results, compare, total_steps
 
 
 def resume(

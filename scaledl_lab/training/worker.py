@@ -18,16 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ExperimentConfig
-from .data import Dataset, DataSplits, epoch_batches, shard_indices
-from .errors import DivergenceError
+from ..config import ExperimentConfig
+from ..data import Dataset, DataSplits, epoch_batches, shard_indices
+from ..errors import DivergenceError
+from ..large_batch import prepare_model
+from ..metrics import Row, record
+from ..models import build_model
+from ..params import state_dict_cpu
+from ..runtime.base import Comm
 from .faults import kill_step
-from .large_batch import StepPlan, prepare_model, set_lr
-from .metrics import Row, record
-from .models import build_model
-from .params import state_dict_cpu
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
-from .runtime.base import Comm
+from .schedule import StepPlan, set_lr
 
 __all__ = [
     "Program",
@@ -100,7 +101,7 @@ class WorkerContext:
         self.shard = shard_indices(
             labels, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
         )
-        # Steps per epoch, batch per epoch and the rate of every step (scaledl_lab.large_batch).
+        # Steps per epoch, batch per epoch and the rate of every step (training/schedule.py).
         self.plan = StepPlan.build(cfg, len(self.shard))
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.total_steps = self.plan.total_steps

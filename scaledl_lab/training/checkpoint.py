@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .errors import ConfigError, choices
+from ..errors import ConfigError, choices
 
 FOLDER = "checkpoint"
 # The strategies whose every step ends at a point all workers agree on (no message in flight).

@@ -14,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from .config import ExperimentConfig
-from .topology import neighbours
+from ..config import ExperimentConfig
+from ..topology import neighbours
 
 NNT_FAMILY = ("nnt", "nnt-lockstep", "nnt-staged")
 ASYNC_PS_FAMILY = ("ps-async", "downpour", "staleness-aware", "dc-asgd")

@@ -1,5 +1,5 @@
 """Checkpoints from a worker's side: what a rank sends at its checkpoint steps, and how a resumed
-rank takes it back (:mod:`scaledl_lab.checkpoint` writes and reads the files).
+rank takes it back (:mod:`scaledl_lab.training.checkpoint` writes and reads the files).
 
 A rank's state is its model, its optimiser, the step it has taken and the RNG states; the first
 living rank adds every hosted server's state, taken between two barriers so that no worker has
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..params import state_dict_cpu
 from .checkpoint import every_steps
-from .params import state_dict_cpu
 from .worker import WorkerContext
 
 

@@ -2,8 +2,8 @@
 
 The runtimes run a :class:`~scaledl_lab.runtime.base.Launch` and know nothing of strategies,
 configs or the metrics table; this is where those meet: the strategy's program is bound to the
-config (:class:`~scaledl_lab.worker.BoundProgram`), its servers become factories, the sim gets
-its cost model, and server counters and lost workers become ``server``/``worker-lost`` rows.
+config (:class:`BoundProgram`), its servers become factories, the sim gets its cost model, and
+server counters and lost workers become ``server``/``worker-lost`` rows.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
+from ..config import ExperimentConfig
+from ..metrics import Row, record
+from ..models import model_flops
+from ..runtime.base import Comm, Emit, Launch, Outcome
+from ..runtime.sim.cost import Stragglers, build_cost_model
+from ..strategies import Strategy, get_strategy
 from .checkpoint import load_rank, load_servers
-from .config import ExperimentConfig
-from .metrics import Row, record
-from .models import model_flops
-from .runtime.base import Comm, Emit, Launch, Outcome
-from .runtime.sim.cost import Stragglers, build_cost_model
-from .strategies import Strategy, get_strategy
 from .worker import Program, WorkerContext, load_for
 
 RowsCallback = Callable[[list[dict[str, Any]]], None]
@@ -101,13 +101,13 @@ def execute(
     the results folder and step of the checkpoint to continue from)."""
     launch = launch_for(cfg, run_label, program, resume)
     if cfg.runtime == "sim":
-        from .runtime.sim.scheduler import run_sim
+        from ..runtime.sim.scheduler import run_sim
 
         data = load_for(cfg)
         cost = build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes))
         outcome = run_sim(launch, cost, on_rows)
     else:
-        from .runtime.dask.driver import run_dask
+        from ..runtime.dask.driver import run_dask
 
         def on_lost(rank: int, at: float) -> None:
             on_rows(

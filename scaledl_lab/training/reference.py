@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import large_batch
-from .config import ExperimentConfig
-from .data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
-from .models import build_model
+from ..config import ExperimentConfig
+from ..data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
+from ..large_batch import prepare_model
+from ..models import build_model
+from .schedule import StepPlan, set_lr
 from .worker import make_optimizer
 
 
@@ -38,10 +39,10 @@ def combined_batches(cfg: ExperimentConfig, data: DataSplits, epoch: int) -> lis
     return [torch.cat(parts) for parts in zip(*per_rank, strict=False)]
 
 
-def _plan(cfg: ExperimentConfig, data: DataSplits) -> large_batch.StepPlan:
+def _plan(cfg: ExperimentConfig, data: DataSplits) -> StepPlan:
     """The workers' plan: built, as each worker builds it, from a shard's length."""
     shard = shard_indices(data.train.y, cfg.replicas, 0, scheme=cfg.sharding, seed=cfg.seed)
-    return large_batch.StepPlan.build(cfg, len(shard))
+    return StepPlan.build(cfg, len(shard))
 
 
 def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
@@ -51,12 +52,12 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     schedule grows it as the workers' does; every step runs at the workers' scheduled rate."""
     torch.set_num_threads(1)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    model = large_batch.prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
+    model = prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
     optimizer = make_optimizer(cfg, model.parameters())
     plan = _plan(cfg, data)
     batches = [idx for epoch in range(cfg.epochs) for idx in combined_batches(cfg, data, epoch)]
     for step, idx in enumerate(batches[: plan.total_steps]):
-        large_batch.set_lr(optimizer, plan.lr(step))
+        set_lr(optimizer, plan.lr(step))
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
         loss.backward()
@@ -186,7 +187,7 @@ def train_dpsgd_sequential(cfg: ExperimentConfig, data: DataSplits) -> list[dict
     Worker i's batches are its own shard's, in its per-epoch order. Returns each worker's final
     state_dict, rank by rank.
     """
-    from .topology import mixing_matrix
+    from ..topology import mixing_matrix
 
     _check_plain_sgd(cfg, "D-PSGD")
     grad = _Gradients(cfg, data)
