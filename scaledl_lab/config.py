@@ -112,7 +112,7 @@ class ExperimentConfig:
     micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
     balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
     recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
-    # Large batches (scaledl_lab.training.schedule, the recipe's details scaledl_lab.large_batch);
+    # Large batches (training/schedule.py, the recipe's details strategies/large_batch/recipe.py);
     # None: on in the recipe (scaling, warmup, LARS/LAMB).
     lr_scaling: str = "none"  # "linear" | "sqrt": lr × (effective / reference batch) or its root
     reference_batch_size: int = 256  # the effective batch at which ``lr`` is the rate
@@ -247,7 +247,7 @@ def validate(cfg: ExperimentConfig) -> None:
             f"clip_gradient={clip!r} must be a positive number (each gradient element is "
             "clipped into [-clip_gradient, clip_gradient]), or None for no clipping"
         )
-    from .partition import check_model_parallel
+    from .strategies.model_parallel.partition import check_model_parallel
 
     check_model_parallel(cfg)
     if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.replicas:
@@ -260,7 +260,7 @@ def validate(cfg: ExperimentConfig) -> None:
 
     check_config(cfg)
     _validate_strategy_options(cfg)
-    from .large_batch_checks import check_config as check_large_batch
+    from .strategies.large_batch.checks import check_config as check_large_batch
 
     check_large_batch(cfg)
 
@@ -301,7 +301,7 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
     if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
         raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
-    from .compression import check_config as check_compression
+    from .strategies.compression import check_config as check_compression
 
     check_compression(cfg)
     from .training.checkpoint import check_config as check_checkpoints

@@ -15,8 +15,8 @@ import pandas as pd
 from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, RunError
-from .large_batch_checks import check_data as check_large_batch_data
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
+from .strategies.large_batch.checks import check_data as check_large_batch_data
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .training.faults import check_fault_steps
 from .training.launch import RowsCallback
@@ -141,8 +141,8 @@ class Results:
 
     def sharpness(self, runs: Sequence[str] | None = None, **options: Any) -> pd.DataFrame:
         """Sharpness and generalisation gap of each run's final model (see
-        :func:`scaledl_lab.sharpness.analyse`)."""
-        from .sharpness import analyse
+        :func:`scaledl_lab.strategies.large_batch.sharpness.analyse`)."""
+        from .strategies.large_batch.sharpness import analyse
 
         return analyse(self, runs, **options)
 

@@ -13,7 +13,7 @@ from scaledl_lab.cli import main
 from scaledl_lab.experiment import total_steps
 from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
 from scaledl_lab.runtime.sim.scheduler import SimWorld
-from scaledl_lab.strategies.gossip import gossip_average
+from scaledl_lab.strategies.decentralised.gossip import gossip_average
 
 FAULTY = dict(SMALL, runtime="sim", workers=4, model="mlp", faults="kill:1:3")
 

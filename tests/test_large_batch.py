@@ -9,8 +9,8 @@ import pytest
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.large_batch import prepare_model
 from scaledl_lab.models import build_model
+from scaledl_lab.strategies.large_batch.recipe import prepare_model
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.schedule import StepPlan, lr_at
 from scaledl_lab.training.worker import load_for

@@ -20,7 +20,7 @@ from scaledl_lab.runtime.base import NOT_READY
 from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.runtime.dask.driver import worker_addresses
 from scaledl_lab.strategies import get_strategy
-from scaledl_lab.strategies.ps_server import (
+from scaledl_lab.strategies.parameter_server.server import (
     ParameterServer,
     delay_compensated,
     staleness_aware_lr,

@@ -11,10 +11,8 @@ from typing import Any
 
 import torch
 
-from ..compression import momentum_correction
 from ..config import ExperimentConfig
 from ..data import DataSplits, load_dataset
-from ..large_batch import no_bias_decay_of, trust_coefficient_of
 from .optim import LAMB, LARS, param_groups
 from .schedule import StepPlan
 
@@ -69,6 +67,10 @@ def _clipper(bound: float) -> Any:
 
 
 def _optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
+    # Two families change the optimiser; imported here, as the families sit above the loop.
+    from ..strategies.compression import momentum_correction
+    from ..strategies.large_batch.recipe import no_bias_decay_of, trust_coefficient_of
+
     if no_bias_decay_of(cfg):  # biases and BatchNorm: no weight decay, no trust ratio
         params = param_groups(params, cfg.weight_decay)
     if cfg.optimizer == "lars":

@@ -22,7 +22,6 @@ from torch import nn
 
 from ..config import ExperimentConfig
 from ..data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
-from ..large_batch import prepare_model
 from ..models import build_model
 from .schedule import StepPlan, set_lr
 from .worker import make_optimizer
@@ -50,6 +49,8 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
 
     With ``accumulate`` K each worker's part of a batch is its K micro-batches at once; a batch
     schedule grows it as the workers' does; every step runs at the workers' scheduled rate."""
+    from ..strategies.large_batch.recipe import prepare_model  # the family sits above the loop
+
     torch.set_num_threads(1)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
     model = prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights

@@ -8,7 +8,7 @@ learning rate of each step; the workers, the parameter servers and the sequentia
 it. With the defaults the rate is ``cfg.lr`` itself, so runs without these options are unchanged.
 Configs are read by attribute (the config's checks import this module). The rest of the
 large-batch recipe (Goyal's zero-initialised residual branches, no decay on biases, LARS and
-LAMB's trust coefficients) is :mod:`scaledl_lab.large_batch`.
+LAMB's trust coefficients) is :mod:`scaledl_lab.strategies.large_batch.recipe`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from torch import nn
 from ..config import ExperimentConfig
 from ..data import Dataset, DataSplits, epoch_batches, shard_indices
 from ..errors import DivergenceError
-from ..large_batch import prepare_model
 from ..metrics import Row, record
 from ..models import build_model
 from ..params import state_dict_cpu
@@ -101,8 +100,7 @@ class WorkerContext:
         self.shard = shard_indices(
             labels, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
         )
-        # Steps per epoch, batch per epoch and the rate of every step (training/schedule.py).
-        self.plan = StepPlan.build(cfg, len(self.shard))
+        self.plan = StepPlan.build(cfg, len(self.shard))  # each epoch's steps, batch; each rate
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.total_steps = self.plan.total_steps
         self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
@@ -112,6 +110,8 @@ class WorkerContext:
 
     def build_model(self) -> nn.Module:
         """The model, initialised from the run's seed: the same weights on every worker."""
+        from ..strategies.large_batch.recipe import prepare_model  # the family sits above
+
         data = self.data
         key = (self.config.model, data.input_shape, data.num_classes, self.config.seed)
         if key not in _TEMPLATES:

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import Dataset
-from .models import build_model
-from .training.plan import load_for
+from ...data import Dataset
+from ...models import build_model
+from ...training.plan import load_for
 
 SAMPLES = 1000  # probe set for the Hessian and ε-sharpness
 TRAIN_SAMPLES = 10_000  # training samples scored for the train/test gap

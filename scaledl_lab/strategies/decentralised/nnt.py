@@ -51,14 +51,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import topology
-from ..errors import PeerLostError
-from ..params import flat_grad, load_state_vector, param_vector, state_vector, write_grads
-from ..runtime.base import Comm, Incoming, Pending
-from ..training.worker import WorkerContext, lr_of
-from .compressed import message_codec
-from .decentralised import epoch_end, finish, local_gradient, log_consensus
-from .registry import register
+from ... import topology
+from ...errors import PeerLostError
+from ...params import flat_grad, load_state_vector, param_vector, state_vector, write_grads
+from ...runtime.base import Comm, Incoming, Pending
+from ...training.worker import WorkerContext, lr_of
+from ..compression.messages import message_codec
+from ..registry import register
+from .replicas import epoch_end, finish, local_gradient, log_consensus
 
 
 class Inbox:

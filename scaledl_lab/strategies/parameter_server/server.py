@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ExperimentConfig
-from ..runtime.base import NOT_READY
-from ..training.schedule import is_constant_lr, lr_at_epoch
-from ..training.worker import make_optimizer, steps_per_epoch_of
+from ...config import ExperimentConfig
+from ...runtime.base import NOT_READY
+from ...training.schedule import is_constant_lr, lr_at_epoch
+from ...training.worker import make_optimizer, steps_per_epoch_of
 
 DC_MEAN_SQUARE_MOMENTUM = 0.95  # DC-ASGD-a's moving average of g⊙g (Zheng et al. 2016)
 DC_EPSILON = 1e-7

@@ -1,8 +1,8 @@
 """Pipeline model parallelism: the naive split, GPipe (Huang et al. 2019) and 1F1B
 (PipeDream-flush, Narayanan et al. 2021), times data parallelism across pipeline replicas.
 
-The model's ordered layers (:mod:`scaledl_lab.partition`) are cut into ``K = cfg.stages``
-contiguous stages; stage k of replica r runs on rank r·K + k. A mini-batch is cut into
+The model's ordered layers (:mod:`.partition`) are cut into ``K = cfg.stages`` contiguous
+stages; stage k of replica r runs on rank r·K + k. A mini-batch is cut into
 ``M = cfg.micro_batches`` micro-batches; each stage runs its schedule (:mod:`.schedules`), a list
 of forwards and backwards: a forward receives the activations of the previous stage (stage 0
 reads the batch), runs the stage's layers and sends its output on; a backward receives the
@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import partition
-from ..models import model_flops
-from ..params import flat_grad, write_grads
-from ..runtime.base import Group, Pending
-from ..training.worker import StepStats, WorkerContext, check_finite, lr_of
-from .registry import register
+from ...models import model_flops
+from ...params import flat_grad, write_grads
+from ...runtime.base import Group, Pending
+from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
+from ..registry import register
+from . import partition
 from .schedules import SCHEDULES, in_flight
 
 

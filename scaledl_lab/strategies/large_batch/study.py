@@ -1,8 +1,9 @@
 """The large-batch reproductions (notebook 07): a fixed epoch budget on Fashion-MNIST with the MLP
 on simulated workers; batch 128 against a naive 4096, linear scaling without and with warmup,
 LARS; Smith's decaying LR against a growing batch; the sharpness of the small- and large-batch
-minima. ``python -m scaledl_lab.large_batch_study --out results/large-batch`` writes the folder
-the notebook loads: metrics.csv, config.json, sharpness.csv, slice.csv, PNGs and summary.md.
+minima. ``python -m scaledl_lab.strategies.large_batch.study --out results/large-batch`` writes
+the folder the notebook loads: metrics.csv, config.json, sharpness.csv, slice.csv, PNGs and
+summary.md.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-from .config import ExperimentConfig
-from .errors import DivergenceError
-from .experiment import Results, environment_info, run
-from .large_batch_report import (
+from ...config import ExperimentConfig
+from ...errors import DivergenceError
+from ...experiment import Results, environment_info, run
+from ...metrics import to_frame
+from ...training.plan import load_for
+from .report import (
     Claim,
     figure_accuracy,
     figure_schedules,
@@ -27,9 +30,7 @@ from .large_batch_report import (
     schedule_frame,
     verdicts,
 )
-from .metrics import to_frame
 from .sharpness import analyse, loss_slice
-from .training.plan import load_for
 
 EPOCHS = 10
 LR = 0.01  # the rate of batch 128 (the reference batch): × 32 = 0.32 at 4096 with linear scaling
@@ -137,14 +138,15 @@ class Study:
         return out
 
     def summary(self) -> str:
-        from .large_batch_report import final_accuracy, updates
+        from .report import final_accuracy, updates
 
         rows = [f"| {c.label} | {final_accuracy(self.frame, c.label):.2%} | "
                 f"{updates(self.frame, c.label)} | {self.diverged.get(c.label, '')[:60]} |"
                 for c in self.configs.values()]  # fmt: skip
         lines = ["# Large-batch reproductions", "",
                  "Fashion-MNIST, MLP, simulated workers, "
-                 f"{EPOCHS} epochs each (`python -m scaledl_lab.large_batch_study`).", "",
+                 f"{EPOCHS} epochs each "
+                 "(`python -m scaledl_lab.strategies.large_batch.study`).", "",
                  "| run | final test accuracy | updates | diverged |", "|---|---:|---:|---|",
                  *rows, "", "## Claims", ""]  # fmt: skip
         lines += [f"- {c.claim}: **{c.verdict}** ({c.measured})" for c in self.claims.values()]

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .contract import MODEL_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
-from .data import sample_shape
-from .errors import ConfigError, choices
-from .models import CNN, CNN1D, MLP, PreActResNet, build_model
+from ...contract import MODEL_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
+from ...data import sample_shape
+from ...errors import ConfigError, choices
+from ...models import CNN, CNN1D, MLP, PreActResNet, build_model
 
 BALANCES = ("params", "time")  # or explicit counts "2,3,1"
 

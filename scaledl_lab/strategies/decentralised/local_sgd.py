@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..params import load_state_vector, state_vector
-from ..training.worker import WorkerContext, lr_of
-from .decentralised import finish, finish_step, local_gradient
-from .registry import register
+from ...params import load_state_vector, state_vector
+from ...training.worker import WorkerContext, lr_of
+from ..registry import register
+from .replicas import finish, finish_step, local_gradient
 
 
 async def average_models(ctx: WorkerContext, model: nn.Module) -> None:

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from ..config import ExperimentConfig
-from ..params import load_state_vector, state_vector
-from ..runtime.base import NOT_READY, Comm
-from ..training.worker import WorkerContext, lr_of
-from .decentralised import local_gradient, log_consensus
-from .registry import ServerSpec, register
+from ...config import ExperimentConfig
+from ...params import load_state_vector, state_vector
+from ...runtime.base import NOT_READY, Comm
+from ...training.worker import WorkerContext, lr_of
+from ..registry import ServerSpec, register
+from .replicas import local_gradient, log_consensus
 
 
 def moving_rate(cfg: ExperimentConfig) -> float:

@@ -20,9 +20,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .experiment import Results
-from .metrics import compression_ratio
-from .plots import summary_markdown
+from ...experiment import Results
+from ...metrics import compression_ratio
+from ...plots import summary_markdown
 
 WITHIN = 0.01  # "within 1 point"
 

@@ -41,9 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import MLP
-from ..runtime.base import Comm
-from ..training.worker import (
+from ...models import MLP
+from ...runtime.base import Comm
+from ...training.worker import (
     EVAL_BATCH,
     StepStats,
     WorkerContext,
@@ -51,7 +51,7 @@ from ..training.worker import (
     lr_of,
     make_optimizer,
 )
-from .registry import register
+from ..registry import register
 
 FORWARD, BACKWARD = 1 / 3, 2 / 3  # a step's FLOPs: forward ~1/3, backward (two matmuls) ~2/3
 

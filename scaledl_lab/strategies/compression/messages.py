@@ -17,7 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..compression import (
+from ...config import ExperimentConfig
+from ...models import build_model
+from ...params import flat_grad, write_grads
+from ...training.worker import WorkerContext, load_for
+from . import (
     CompressionSpec,
     Compressor,
     ErrorFeedback,
@@ -32,10 +36,6 @@ from ..compression import (
     shard_layouts,
     unpack,
 )
-from ..config import ExperimentConfig
-from ..models import build_model
-from ..params import flat_grad, write_grads
-from ..training.worker import WorkerContext, load_for
 
 
 def spec_of(cfg: ExperimentConfig) -> CompressionSpec | None:
@@ -66,7 +66,7 @@ def _memory(ctx: WorkerContext, spec: CompressionSpec) -> ErrorFeedback:
 class CompressedAllreduce:
     """Synchronous SGD's reducer with a compressor: average the workers' compressed gradients.
 
-    Same interface as the uncompressed reducers of :mod:`.sync_sgd`: after backward,
+    Same interface as the uncompressed reducers of :mod:`..data_parallel.sync_sgd`: after backward,
     ``synchronize(stats)`` leaves the average in every ``.grad`` and returns ``stats`` summed.
     """
 

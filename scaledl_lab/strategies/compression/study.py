@@ -1,6 +1,6 @@
 """The gradient-compression study: every compressor on the same synchronous run, with and
 without error feedback, and short runs that time a step on a slow and a fast simulated network.
-Its tables, verdicts, figures and report are in :mod:`.compression_report`.
+Its tables, verdicts, figures and report are in :mod:`.report`.
 
 The setting: 2 simulated workers (traffic per step is then the payload, as with a parameter
 server), Fashion-MNIST, the MLP, SGD 0.05 with momentum 0.9, batch 64 per worker, 5 epochs;
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import ExperimentConfig, quick
-from .errors import DivergenceError
-from .experiment import Results, compare, to_frame
+from ...config import ExperimentConfig, quick
+from ...errors import DivergenceError
+from ...experiment import Results, compare, to_frame
 
 STUDY: tuple[tuple[str, bool], ...] = (
     ("none", True),

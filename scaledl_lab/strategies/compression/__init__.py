@@ -1,8 +1,10 @@
 """Gradient compression as small composable objects: a compressor (what is sent), a memory
 (error feedback, DGC's momentum correction) and a wire format (one byte buffer per message).
 
-Pure tensor code: the strategies decide how the payloads travel
-(:mod:`scaledl_lab.strategies.compressed`).
+What this package exports is pure tensor code. How the payloads travel in each family is in
+:mod:`.messages` (the compressed allreduce, NNT's and the parameter servers' messages) and
+:mod:`.gossip` (D-PSGD with compressed messages); the study and its report are :mod:`.study`
+and :mod:`.report`. None of those is imported here.
 """
 
 from .compressors import (

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .contract import (
+from ...contract import (
     ACCUMULATE_STRATEGIES,
     BATCH_SCHEDULE_STRATEGIES,
     LR_SCALINGS,
     SERVER_STRATEGIES,
 )
-from .errors import ConfigError, choices
-from .training.schedule import StepPlan, epoch_batch_size, parse_batch_schedule, parse_lr_schedule
+from ...errors import ConfigError, choices
+from ...training.schedule import StepPlan, epoch_batch_size, parse_batch_schedule, parse_lr_schedule
 
 
 def _is_int(value: Any) -> bool:
@@ -54,7 +54,7 @@ def _check_batches(cfg: Any, train_samples: int | None) -> None:
 
 def _estimated_train_samples(cfg: Any) -> int | None:
     """The training split's size as published, less validation, cut to ``train_subset``."""
-    from .data import standard_sizes
+    from ...data import standard_sizes
 
     n = standard_sizes(cfg.dataset)[0] - cfg.val_size
     return min(n, cfg.train_subset) if cfg.train_subset is not None else n

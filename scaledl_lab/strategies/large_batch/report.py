@@ -12,7 +12,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .training.schedule import StepPlan
+from ...training.schedule import StepPlan
 
 GAP_POINTS = 2.0  # "loses accuracy": at least this many points of test accuracy
 RECOVERED = 0.5  # "recovers": at least this share of the gap

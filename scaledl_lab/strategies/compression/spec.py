@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import COMPRESSIBLE_STRATEGIES, COMPRESSORS, SERVER_STRATEGIES
-from ..errors import ConfigError, choices
+from ...contract import COMPRESSIBLE_STRATEGIES, COMPRESSORS, SERVER_STRATEGIES
+from ...errors import ConfigError, choices
 from .compressors import DGC, QSGD, Compressor, NoCompression, OneBit, TopK
 from .feedback import DGCMemory, ErrorFeedback
 from .powersgd import PowerSGD

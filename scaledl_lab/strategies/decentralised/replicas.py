@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..metrics import Row, summarise_workers
-from ..params import state_vector
-from ..runtime.base import Comm
-from ..training.worker import StepStats, WorkerContext, check_finite
+from ...metrics import Row, summarise_workers
+from ...params import state_vector
+from ...runtime.base import Comm
+from ...training.worker import StepStats, WorkerContext, check_finite
 
 
 async def local_gradient(

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..params import param_vector
-from ..training.worker import StepStats, WorkerContext, check_finite, lr_of, steps_per_epoch_of
-from .parameter_server import global_target
-from .registry import register
+from ...params import param_vector
+from ...training.worker import StepStats, WorkerContext, check_finite, lr_of, steps_per_epoch_of
+from ..registry import register
+from .workers import global_target
 
 
 def share_parameters(model: nn.Module, flat: torch.Tensor) -> None:

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..params import grad_or_zeros
-from ..runtime.base import Comm, Pending
-from ..training.snapshots import save_if_due, start_or_resume
-from ..training.worker import StepStats, WorkerContext, check_finite
-from .compressed import CompressedAllreduce, spec_of
-from .registry import register
+from ...params import grad_or_zeros
+from ...runtime.base import Comm, Pending
+from ...training.snapshots import save_if_due, start_or_resume
+from ...training.worker import StepStats, WorkerContext, check_finite
+from ..compression.messages import CompressedAllreduce, spec_of
+from ..registry import register
 
 
 def _scatter_back(flat: torch.Tensor, params: list[nn.Parameter], world_size: int) -> None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import topology
-from ..compression import CompressionSpec, pack
-from ..params import state_vector
-from ..runtime.base import Incoming, Pending
-from ..training.worker import WorkerContext
-from .compressed import MessageCodec
+from ... import topology
+from ...params import state_vector
+from ...runtime.base import Incoming, Pending
+from ...training.worker import WorkerContext
+from . import CompressionSpec, pack
+from .messages import MessageCodec
 
 
 def _state_layout(model: nn.Module) -> tuple[tuple[int, ...], ...]:

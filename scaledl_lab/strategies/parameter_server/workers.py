@@ -1,7 +1,7 @@
 """Parameter servers, the workers' side: synchronous, asynchronous, Downpour, staleness-aware,
 DC-ASGD, backup workers.
 
-The parameters live on ``S`` servers (:mod:`.ps_server`), each holding one contiguous slice of
+The parameters live on ``S`` servers (:mod:`.server`), each holding one contiguous slice of
 the flat parameter vector with its own (elementwise) optimiser, so S shards compute exactly
 what one server does. Every worker computes the gradient of its own mini-batch and then
 exchanges it with the servers under one of three named policies:
@@ -26,12 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ExperimentConfig
-from ..large_batch import prepare_model
-from ..models import build_model
-from ..params import flat_grad, load_param_vector, param_vector
-from ..training.snapshots import restore, save_if_due
-from ..training.worker import (
+from ...config import ExperimentConfig
+from ...models import build_model
+from ...params import flat_grad, load_param_vector, param_vector
+from ...training.snapshots import restore, save_if_due
+from ...training.worker import (
     StepStats,
     WorkerContext,
     check_finite,
@@ -39,9 +38,10 @@ from ..training.worker import (
     steps_per_epoch_of,
     total_steps,
 )
-from .compressed import push_codec, push_decoder
-from .ps_server import ParameterServer, scheduled_lr, staleness_aware_lr
-from .registry import ServerSpec, register
+from ..compression.messages import push_codec, push_decoder
+from ..large_batch.recipe import prepare_model
+from ..registry import ServerSpec, register
+from .server import ParameterServer, scheduled_lr, staleness_aware_lr
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ steps before the boundary. Blocking waits therefore only ever point from a reque
 earlier one, so no cycle of waits (no deadlock) can form on gloo's rendezvous sends.
 
 Rows: ``kind="train"`` per worker per step (``bytes_sent`` of that step), and the consensus and
-evaluation rows of every decentralised method (:mod:`.decentralised`).
+evaluation rows of every decentralised method (:mod:`.replicas`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import topology
-from ..errors import PeerLostError
-from ..params import load_state_vector, state_vector
-from ..runtime.base import Comm, Incoming, Pending
-from ..training.snapshots import save_if_due, start_or_resume
-from ..training.worker import WorkerContext, lr_of
-from .compressed import spec_of
-from .compressed_gossip import CompressedGossip
-from .decentralised import finish, finish_step, local_gradient
-from .registry import register
+from ... import topology
+from ...errors import PeerLostError
+from ...params import load_state_vector, state_vector
+from ...runtime.base import Comm, Incoming, Pending
+from ...training.snapshots import save_if_due, start_or_resume
+from ...training.worker import WorkerContext, lr_of
+from ..compression.gossip import CompressedGossip
+from ..compression.messages import spec_of
+from ..registry import register
+from .replicas import finish, finish_step, local_gradient
 
 # -- gossip averaging -----------------------------------------------------------------------
 
@@ -96,8 +96,8 @@ def simulate_gossip(
     Returns the workers' stacked vectors (workers × numel) before each round and after the
     last: the disagreement ``(X − mean).norm()`` shrinks by W's second eigenvalue per round.
     """
-    from ..runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
-    from ..runtime.sim.scheduler import SimWorld
+    from ...runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+    from ...runtime.sim.scheduler import SimWorld
 
     gen = torch.Generator().manual_seed(seed)
     start = torch.randn(workers, numel, generator=gen, dtype=torch.float64)
