@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "data":
             _cmd_data(args)
         elif args.command == "calibrate":
-            from .calibrate import calibrate
+            from .studies.calibrate import calibrate
 
             calibrate(tuple(args.models), args.out)
         elif args.command == "bench":
@@ -306,13 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(results.summary().to_string(index=False))
             print(f"results written to {args.results_dir}")
         elif args.command == "reproduce" and args.long:
-            from .long_run import reproduce_long
+            from .studies.long_run import reproduce_long
 
             out = args.out or "results/reproduce-long"
             reproduce_long(out=out, jobs=args.jobs)
             print((Path(out) / "summary.md").read_text())
         elif args.command == "reproduce":
-            from .reproduce import reproduce, smoke_configs
+            from .studies.reproduce import reproduce, smoke_configs
 
             is_q = args.quick or args.smoke or is_quick()
             default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")

@@ -85,12 +85,12 @@ class Results:
         return state
 
     def plot(self, metric: str = "accuracy", x: str = "epoch", kind: str = "test", **kwargs: Any):
-        from . import plots
+        from .viz import plots
 
         return plots.plot_curves(self.frame, metric=metric, x=x, kind=kind, **kwargs)
 
     def summary(self) -> pd.DataFrame:
-        from . import plots
+        from .viz import plots
 
         return plots.summary_table(self.frame)
 
@@ -102,7 +102,7 @@ class Results:
 
     def save(self, out_dir: str | os.PathLike[str]) -> Path:
         """Write metrics.csv/.parquet, config.json, PNG plots and summary.md into ``out_dir``."""
-        from . import plots
+        from .viz import plots
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ class Results:
         """events.csv, a Gantt chart per pipeline run, and the summary's pipeline section."""
         import matplotlib.pyplot as plt
 
-        from . import gantt
+        from .viz import gantt
 
         self.events.to_csv(out / "events.csv", index=False)
         for run in self.events["run"].unique():

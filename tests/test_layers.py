@@ -23,14 +23,15 @@ LAYERS: dict[str, int] = {
     "runtime": 2,
     "training.worker": 3, "training.snapshots": 3,
     "strategies": 4, "strategies.compression.messages": 4, "strategies.compression.gossip": 4,
-    "training.launch": 5, "analysis": 5, "claims": 5, "gantt": 5, "diagrams": 5,
-    "training.reference": 5, "plots": 5, "strategies.large_batch.sharpness": 5,
+    "training.launch": 5, "analysis": 5, "studies.claims": 5, "viz.gantt": 5, "viz.diagrams": 5,
+    "training.reference": 5, "viz.plots": 5, "strategies.large_batch.sharpness": 5,
     "strategies.large_batch.report": 5, "training.health": 5,
-    "experiment": 6,
-    "reproduce": 7, "scaling": 7, "calibrate": 7, "widgets": 7, "cli": 7, "__init__": 7,
+    "experiment": 6, "studies": 7, "viz": 5,
+    "studies.reproduce": 7, "studies.scaling": 7, "studies.calibrate": 7, "viz.widgets": 7,
+    "cli": 7, "__init__": 7,
     "cli_large_batch": 7, "cli_options": 7, "strategies.large_batch.study": 7,
     "strategies.compression.study": 7, "strategies.compression.report": 7,
-    "training.resume": 7, "long_run": 7, "side_by_side": 6,
+    "training.resume": 7, "studies.long_run": 7, "studies.side_by_side": 6,
 }  # fmt: skip
 
 

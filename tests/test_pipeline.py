@@ -11,7 +11,6 @@ from matplotlib.figure import Figure
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.experiment import Results
-from scaledl_lab.gantt import bubble_summary, bubble_theory, plot_pipeline, step_bubbles
 from scaledl_lab.models import build_model
 from scaledl_lab.strategies.model_parallel.partition import (
     boundary_shapes,
@@ -28,6 +27,7 @@ from scaledl_lab.strategies.model_parallel.schedules import (
 )
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
+from scaledl_lab.viz.gantt import bubble_summary, bubble_theory, plot_pipeline, step_bubbles
 
 TINY = dict(
     dataset="fashion-mnist", train_subset=480, test_subset=64, val_size=64, epochs=1, lr=0.05

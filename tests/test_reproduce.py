@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from scaledl_lab import reproduce as rp
 from scaledl_lab.models import build_model, count_parameters
+from scaledl_lab.studies import reproduce as rp
 from scaledl_lab.training.worker import load_for
 
 

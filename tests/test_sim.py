@@ -126,7 +126,7 @@ def test_timeline_accounts_for_all_time():
 
 
 def test_straggler_sets_the_pace_of_synchronous_steps():
-    from scaledl_lab.scaling import step_time
+    from scaledl_lab.studies.scaling import step_time
 
     base = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=4, model="cnn", network="100g-ib", **SMALL
@@ -211,8 +211,8 @@ def test_many_virtual_workers():
 
 
 def test_calibration_measures_and_saves_a_usable_profile(client, tmp_path):
-    from scaledl_lab.calibrate import calibrate
     from scaledl_lab.runtime.sim.cost import load_calibration
+    from scaledl_lab.studies.calibrate import calibrate
 
     path = calibrate(("mlp",), tmp_path / "cal.json", client=client, log=None)
     compute, network = load_calibration(path)

@@ -13,7 +13,7 @@ from common import SMALL
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.runtime.dask.cluster import start_local
-from scaledl_lab.widgets import TEXT, TrainingPanel
+from scaledl_lab.viz.widgets import TEXT, TrainingPanel
 
 pytest.importorskip("ipywidgets")
 

@@ -78,7 +78,7 @@ def likely_cause(cfg: ExperimentConfig) -> str:
 
 
 def run_warnings(summary: pd.DataFrame, configs: Sequence[ExperimentConfig]) -> list[str]:
-    """One warning per run of ``summary`` (:func:`scaledl_lab.plots.summary_table`) that ends
+    """One warning per run of ``summary`` (:func:`scaledl_lab.viz.plots.summary_table`) that ends
     near chance or whose test loss exploded, with its likely cause."""
     by_label = {cfg.label: cfg for cfg in configs}
     chance = 1 / CLASSES

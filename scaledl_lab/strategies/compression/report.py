@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from ...experiment import Results
 from ...metrics import compression_ratio
-from ...plots import summary_markdown
+from ...viz.plots import summary_markdown
 
 WITHIN = 0.01  # "within 1 point"
 

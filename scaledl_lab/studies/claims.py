@@ -18,8 +18,8 @@ import re
 
 import pandas as pd
 
-from .runtime.sim.cost import Stragglers
-from .topology import diameter
+from ..runtime.sim.cost import Stragglers
+from ..topology import diameter
 
 MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
 ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many points
@@ -192,9 +192,9 @@ def _straggler_verdict(
 
 def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[str]:
     """The paper's claims, each marked supported or not by the measured tables: ``table`` as
-    :func:`scaledl_lab.reproduce.paper_table` builds it (simulated runs decide), ``traffic`` as
-    :func:`scaledl_lab.reproduce.traffic_summary` does. A claim whose runs are missing is left
-    out; every number in the text comes from the tables or the configs they record."""
+    :func:`.reproduce.paper_table` builds it (simulated runs decide), ``traffic`` as
+    :func:`.reproduce.traffic_summary` does. A claim whose runs are missing is left out; every
+    number in the text comes from the tables or the configs they record."""
     sim = table[(table["runtime"] == "sim") & ~table["straggler"]]
     strag = table[table["straggler"]]
     out = []

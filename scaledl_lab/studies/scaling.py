@@ -18,9 +18,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .analysis import TRAFFIC, method_label, traffic_table
-from .config import ExperimentConfig
-from .experiment import compare
+from ..analysis import TRAFFIC, method_label, traffic_table
+from ..config import ExperimentConfig
+from ..experiment import compare
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KIND_COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#CCCCCC"}

@@ -196,7 +196,7 @@ def parameter_server_diagram(workers: int = 4, servers: int = 2, ax=None):
 def topology_diagram(spec: str = "ring", workers: int = 8, what: str = "gradients", ax=None):
     """The workers of a ring or torus and the links to their neighbours (each link carries
     ``what`` both ways); torus links that wrap around are drawn as stubs off the grid."""
-    from .topology import neighbours, parse
+    from ..topology import neighbours, parse
 
     kind, height, width = parse(spec, workers)
     if ax is None:

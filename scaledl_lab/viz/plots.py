@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .metrics import compression_ratio
+from ..metrics import compression_ratio
 
 METRICS: tuple[str, ...] = ("loss", "accuracy")
 X_AXES: tuple[str, ...] = ("epoch", "time", "step")

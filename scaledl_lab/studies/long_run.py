@@ -3,11 +3,11 @@
 The quick comparison stops after two epochs, which cannot say whether NNT converges to the same
 accuracy later. The long mode runs the simulated methods only (16 workers, the 4×4 torus) on the
 full Fashion-MNIST training set with the MLP, every method with the paper's optimiser
-(:data:`scaledl_lab.reproduce.PAPER_NNT` for NNT, Adam clipped at 10 for the baselines), in two
-phases:
+(:data:`scaledl_lab.studies.reproduce.PAPER_NNT` for NNT, Adam clipped at 10 for the
+baselines), in two phases:
 
 1. **Learning rate.** Each method runs ``TUNE_EPOCHS`` epochs (seed 0) at each rate of the grid
-   :data:`scaledl_lab.reproduce.LR_GRID` (its base rate × ⅓, × 1, × 3); the rate whose best
+   :data:`scaledl_lab.studies.reproduce.LR_GRID` (its base rate × ⅓, × 1, × 3); the rate whose best
    worker scores highest on the validation split (never the test split) is kept
    (:func:`choose_rates`; the tuning runs are in ``tuning/``).
 2. **Convergence.** Each method runs ``LONG.epochs`` (≥ 20) epochs at its chosen rate for every
@@ -29,9 +29,9 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..experiment import Results
+from ..viz.plots import line_styles
 from .claims import LR_VARIANT, SEED, by_method, verdicts
-from .experiment import Results
-from .plots import line_styles
 from .reproduce import (
     LR_GRID,
     SIM_WORKERS,
@@ -79,7 +79,7 @@ def tune_configs(
 
 def choose_rates(tuning: pd.DataFrame) -> dict[str, float]:
     """The learning rate of each method (run name without its " · lr×F"), chosen on the
-    validation accuracy of its best worker (:func:`scaledl_lab.claims.by_method`)."""
+    validation accuracy of its best worker (:func:`scaledl_lab.studies.claims.by_method`)."""
     best = by_method(tuning)
     return {
         LR_VARIANT.sub("", run): float(lr) for run, lr in zip(best["run"], best["lr"], strict=True)

@@ -12,9 +12,9 @@ from typing import Any
 import ipywidgets as w
 from IPython.display import DisplayHandle, display
 
-from .config import ExperimentConfig
-from .experiment import Results, run, to_frame, total_steps
-from .runtime.dask.cluster import live_workers, start_local
+from ..config import ExperimentConfig
+from ..experiment import Results, run, to_frame, total_steps
+from ..runtime.dask.cluster import live_workers, start_local
 
 REDRAW_S = 1.5
 LABEL = {"description_width": "90px"}  # wide enough for "batch/worker"

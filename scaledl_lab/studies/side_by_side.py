@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from .experiment import Results, compare
-from .plots import method_of
+from ..experiment import Results, compare
+from ..viz.plots import method_of
 
 # Relative cost of one simulated epoch of each method (wall-clock, measured here): NNT applies
 # each neighbour's gradient too. Only used to start the costliest runs first.

@@ -38,16 +38,16 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import analysis
+from .. import analysis
+from ..config import ExperimentConfig, quick
+from ..data import steps_per_epoch
+from ..experiment import Results, compare
+from ..models import build_model, count_parameters, model_flops
+from ..runtime.sim.cost import build_cost_model
+from ..training.worker import load_for
 from .claims import verdicts
-from .config import ExperimentConfig, quick
-from .data import steps_per_epoch
-from .experiment import Results, compare
-from .models import build_model, count_parameters, model_flops
-from .runtime.sim.cost import build_cost_model
 from .scaling import traffic_configs as sweep_configs
 from .side_by_side import compare_side_by_side, run_side_by_side, saved_apart
-from .training.worker import load_for
 
 SIM_WORKERS = 16
 TORUS = "torus:4x4"

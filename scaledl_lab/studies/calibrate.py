@@ -21,9 +21,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .models import build_model
-from .runtime.memory import keep_freed_memory
-from .runtime.sim.cost import ComputeProfile, NetworkProfile, default_profile_path, save_calibration
+from ..models import build_model
+from ..runtime.memory import keep_freed_memory
+from ..runtime.sim.cost import (
+    ComputeProfile,
+    NetworkProfile,
+    default_profile_path,
+    save_calibration,
+)
 
 SHAPES = {
     "mlp": ((1, 28, 28), 10),
@@ -60,7 +65,7 @@ def time_steps(model_name: str, batch: int, *, steps: int = 20, warmup: int = 3)
 def time_apply(model_name: str, *, repeats: int = 20, warmup: int = 3) -> float:
     """Median seconds per parameter byte of applying a received gradient, one thread: its copy
     out of a flat receive buffer into the gradients, then an AdaGrad step (one state tensor)."""
-    from .params import param_vector, write_grads
+    from ..params import param_vector, write_grads
 
     shape, classes = SHAPES[model_name]
     params = list(build_model(model_name, shape, classes, seed=0).parameters())
@@ -84,7 +89,7 @@ def time_apply(model_name: str, *, repeats: int = 20, warmup: int = 3) -> float:
 def _time_on_workers(client: Any, model_name: str, batch: int) -> float:
     """Mean step time with every worker of ``client`` timing at once, as they will train:
     concurrent workers share memory bandwidth and caches, which a lone process does not see."""
-    from .runtime.dask.driver import worker_addresses
+    from ..runtime.dask.driver import worker_addresses
 
     futures = [
         client.submit(time_steps, model_name, batch, workers=[addr], pure=False)
@@ -127,12 +132,12 @@ def calibrate_from_runs(
     30-step run per point put the MLP's predicted batch-256 step anywhere from 9.7 to 20.9 ms
     in three calibrations on this machine.
     """
-    from .config import ExperimentConfig
-    from .metrics import to_frame
-    from .models import count_parameters
-    from .runtime.sim.cost import allreduce_time
+    from ..config import ExperimentConfig
+    from ..metrics import to_frame
+    from ..models import count_parameters
+    from ..runtime.sim.cost import allreduce_time
+    from ..training.launch import execute
     from .scaling import step_time
-    from .training.launch import execute
 
     shape, classes = SHAPES[model_name]
     grad_bytes = 4 * count_parameters(build_model(model_name, shape, classes))
@@ -181,8 +186,8 @@ async def _allreduce_timings(ctx: Any) -> None:
 
 def calibrate_network(client: Any) -> NetworkProfile:
     """α and β of gloo between the first two workers of ``client``'s cluster."""
-    from .config import ExperimentConfig
-    from .training.launch import execute
+    from ..config import ExperimentConfig
+    from ..training.launch import execute
 
     cfg = ExperimentConfig(workers=2, model="mlp", train_subset=1000, test_subset=100, val_size=100)
     outcome = execute(
@@ -203,7 +208,7 @@ def calibrate(
     log: Any = print,
 ) -> Path:
     """Measure compute for ``models`` and the network, and save the profile JSON."""
-    from .runtime.dask.cluster import connect
+    from ..runtime.dask.cluster import connect
 
     with contextlib.ExitStack() as stack:
         if client is None:
