@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "experiment": 6, "studies": 7, "viz": 5,
     "studies.reproduce": 7, "studies.scaling": 7, "studies.calibrate": 7, "viz.widgets": 7,
     "cli": 7, "__init__": 7,
-    "cli_large_batch": 7, "cli_options": 7, "strategies.large_batch.study": 7,
+    "strategies.large_batch.study": 7,
     "strategies.compression.study": 7, "strategies.compression.report": 7,
     "training.resume": 7, "studies.long_run": 7, "studies.side_by_side": 6,
 }  # fmt: skip

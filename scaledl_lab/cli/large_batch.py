@@ -94,8 +94,8 @@ def add_analyse(sub: Any) -> None:
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     """Print the sharpness table; write sharpness.csv (and slice.csv, sharpness_slice.png)."""
-    from .experiment import Results
-    from .strategies.large_batch.report import plot_slice
+    from ..experiment import Results
+    from ..strategies.large_batch.report import plot_slice
 
     out = Path(args.results_dir)
     if not (out / "weights.pt").exists():
@@ -110,7 +110,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     table.to_csv(out / "sharpness.csv", index=False)
     if len(table) >= 2:
-        from .strategies.large_batch.sharpness import loss_slice
+        from ..strategies.large_batch.sharpness import loss_slice
 
         ordered = table.sort_values("effective_batch_size", kind="stable")
         small, large = ordered["run"].iloc[0], ordered["run"].iloc[-1]

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import cli_large_batch, cli_options, contract
-from .config import (
+from .. import contract
+from ..config import (
     DATASETS,
     IMPLEMENTED_RUNTIMES,
     IMPLEMENTED_STRATEGIES,
@@ -19,11 +19,12 @@ from .config import (
     is_quick,
     quick,
 )
-from .errors import RunError
-from .models import MODELS
-from .runtime.sim.cost import DEVICES, NETWORKS
+from ..errors import RunError
+from ..models import MODELS
+from ..runtime.sim.cost import DEVICES, NETWORKS
+from . import large_batch, options
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -141,8 +142,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)",
     )
-    cli_options.add_run_options(run)
-    cli_large_batch.add_run_options(run)
+    options.add_run_options(run)
+    large_batch.add_run_options(run)
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     _cluster_options(run)
     run.add_argument("--name", default=None, help="the run's label (default STRATEGY-RUNTIME-Nw)")
@@ -166,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("--dest", default=None)
     data_sub.add_parser("info", help="which datasets are present, and where")
 
-    cli_large_batch.add_analyse(sub)
+    large_batch.add_analyse(sub)
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
     bench.add_argument("name", nargs="?", default=None)
@@ -182,13 +183,13 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
 
 
 def _security(args: argparse.Namespace) -> Any:
-    from .runtime.dask.cluster import tls_security
+    from ..runtime.dask.cluster import tls_security
 
     return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    from .training.health import recommended
+    from ..training.health import recommended
 
     family = recommended(args.strategy)
     for name in ("lr", "momentum", "weight_decay", "optimizer"):
@@ -206,14 +207,14 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         data_dir=args.data_dir, timeout_s=args.timeout_s, oversubscribe=args.oversubscribe,
         name=args.name, compute_profile=args.compute_profile,
         network=args.network, allreduce_algorithm=args.allreduce_algorithm,
-        stragglers=args.stragglers, **cli_options.config_options(args),
-        **cli_large_batch.config_options(args),
+        stragglers=args.stragglers, **options.config_options(args),
+        **large_batch.config_options(args),
     )  # fmt: skip
     return quick(cfg) if (args.quick or is_quick()) else cfg
 
 
 def _cmd_list() -> None:
-    from .strategies import DESCRIPTIONS
+    from ..strategies import DESCRIPTIONS
 
     print("strategies (implemented):")
     for name in IMPLEMENTED_STRATEGIES:
@@ -229,7 +230,7 @@ def _cmd_list() -> None:
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
-    from .data import DatasetNotFoundError, dataset_info, fetch, locate
+    from ..data import DatasetNotFoundError, dataset_info, fetch, locate
 
     if args.data_command == "fetch":
         if args.dest is None:
@@ -282,15 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "data":
             _cmd_data(args)
         elif args.command == "calibrate":
-            from .studies.calibrate import calibrate
+            from ..studies.calibrate import calibrate
 
             calibrate(tuple(args.models), args.out)
         elif args.command == "bench":
             return _cmd_bench(args.name)
         elif args.command == "analyse":
-            return cli_large_batch.cmd_analyse(args)
+            return large_batch.cmd_analyse(args)
         elif args.command == "run":
-            from .experiment import run
+            from ..experiment import run
 
             cfg = _config_from_args(args)
             out = args.out or f"results/{cfg.label}"
@@ -300,19 +301,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"warning: {warning}")
             print(f"results written to {out}")
         elif args.command == "resume":
-            from .training.resume import resume
+            from ..training.resume import resume
 
             results = resume(args.results_dir, args.epochs, address=args.address)
             print(results.summary().to_string(index=False))
             print(f"results written to {args.results_dir}")
         elif args.command == "reproduce" and args.long:
-            from .studies.long_run import reproduce_long
+            from ..studies.long_run import reproduce_long
 
             out = args.out or "results/reproduce-long"
             reproduce_long(out=out, jobs=args.jobs)
             print((Path(out) / "summary.md").read_text())
         elif args.command == "reproduce":
-            from .studies.reproduce import reproduce, smoke_configs
+            from ..studies.reproduce import reproduce, smoke_configs
 
             is_q = args.quick or args.smoke or is_quick()
             default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")
@@ -333,7 +334,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scaledl-lab: error: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .config import ExperimentConfig
+from ..config import ExperimentConfig
 
 
 def _max_lead(text: str) -> int | None:
