@@ -58,7 +58,7 @@ class Results:
     configs: list[ExperimentConfig]
     outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     out_dir: Path | None = None
-    timelines: dict[str, list[Any]] = field(default_factory=dict)  # sim runs: runtime.sim.Event
+    timelines: dict[str, list[Any]] = field(default_factory=dict)  # sim runs: sim.scheduler.Event
     events: pd.DataFrame = field(default_factory=lambda: events_frame([]))  # pipelines
 
     def timeline(self, run: str | None = None) -> pd.DataFrame:
