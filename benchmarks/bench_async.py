@@ -24,11 +24,11 @@ import torch
 from plain_loop import timed_steps  # benchmarks/plain_loop.py
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.cluster import connect
 from scaledl_lab.data import epoch_batches, shard_indices
-from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
-from scaledl_lab.worker import load_for, make_optimizer
+from scaledl_lab.runtime.dask.cluster import connect
+from scaledl_lab.training.launch import execute
+from scaledl_lab.training.worker import load_for, make_optimizer
 
 WARMUP = 10
 DATA = dict(train_subset=40_000, test_subset=200, val_size=200)

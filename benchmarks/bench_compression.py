@@ -30,13 +30,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.cluster import connect
-from scaledl_lab.compression import layout_of, parse, payload_bytes
-from scaledl_lab.cost import ring_allreduce_bytes
 from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
 from scaledl_lab.experiment import run
 from scaledl_lab.models import build_model
+from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.runtime.memory import keep_freed_memory
+from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
+from scaledl_lab.strategies.compression import layout_of, parse, payload_bytes
 
 COMPRESSORS = ("onebit", "qsgd:4", "topk:0.004", "dgc:0.001", "powersgd:2")
 SETTING = dict(lr=0.05, momentum=0.9, batch_size=64, seed=0)

@@ -23,7 +23,7 @@ import time
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.analysis import step_rates
-from scaledl_lab.cluster import connect
+from scaledl_lab.runtime.dask.cluster import connect
 
 COMMON = dict(
     strategy="nnt", model="cnn1d", dataset="mnist1d", batch_size=16, optimizer="adagrad",

@@ -232,7 +232,7 @@ def measure_all(
     settings: Settings, pieces: Sequence[str] = PIECES, log: Callable[[str], None] = print
 ) -> list[Figure]:
     """Time the chosen pieces (Dask ones on one cluster, then the simulator's cost)."""
-    from scaledl_lab.cluster import connect
+    from scaledl_lab.runtime.dask.cluster import connect
 
     if str(BENCH_DIR) not in sys.path:  # the sibling scripts, imported by name as they import
         sys.path.insert(0, str(BENCH_DIR))  # each other

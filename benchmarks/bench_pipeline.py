@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.cluster import connect
-from scaledl_lab.gantt import bubble_summary, bubble_theory
 from scaledl_lab.models import build_model
-from scaledl_lab.plots import throughput
+from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.runtime.memory import keep_freed_memory
-from scaledl_lab.worker import load_for
+from scaledl_lab.training.worker import load_for
+from scaledl_lab.viz.gantt import bubble_summary, bubble_theory
+from scaledl_lab.viz.plots import throughput
 
 DATA = dict(dataset="fashion-mnist", train_subset=20_000, test_subset=100, val_size=100)
 STAGES = 2

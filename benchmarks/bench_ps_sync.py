@@ -19,7 +19,7 @@ import statistics
 
 from bench_sync_sgd import WARMUP, ours_throughput  # benchmarks/bench_sync_sgd.py
 
-from scaledl_lab.cluster import connect
+from scaledl_lab.runtime.dask.cluster import connect
 
 SIDES = ("ps", "ps-actor", "allreduce")
 

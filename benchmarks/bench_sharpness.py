@@ -1,5 +1,6 @@
-"""What the sharpness analysis costs: scaledl_lab.sharpness.analyse on the MLP against one epoch of
-the MLP's training (Fashion-MNIST, batch 128, a plain PyTorch loop, one process).
+"""What the sharpness analysis costs: scaledl_lab.strategies.large_batch.sharpness.analyse on the
+MLP against one epoch of the MLP's training (Fashion-MNIST, batch 128, a plain PyTorch loop, one
+process).
 
     python benchmarks/bench_sharpness.py [--repeats 3] [--samples 1000] [--threads 1]
 
@@ -25,8 +26,8 @@ from scaledl_lab.data import epoch_batches, shard_indices
 from scaledl_lab.experiment import Results
 from scaledl_lab.metrics import to_frame
 from scaledl_lab.models import build_model
-from scaledl_lab.sharpness import analyse
-from scaledl_lab.worker import load_for, make_optimizer
+from scaledl_lab.strategies.large_batch.sharpness import analyse
+from scaledl_lab.training.worker import load_for, make_optimizer
 
 
 def train_one_epoch(cfg: ExperimentConfig, model: torch.nn.Module) -> float:

@@ -24,12 +24,12 @@ import torch.nn.functional as F
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.data import epoch_batches, shard_indices
-from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
-from scaledl_lab.plan import make_optimizer
 from scaledl_lab.runtime.memory import keep_freed_memory
-from scaledl_lab.strategies.sync_sgd import BucketedAllreduce
-from scaledl_lab.worker import load_for
+from scaledl_lab.strategies.data_parallel.sync_sgd import BucketedAllreduce
+from scaledl_lab.training.launch import execute
+from scaledl_lab.training.plan import make_optimizer
+from scaledl_lab.training.worker import load_for
 
 
 def rank_batches(cfg: ExperimentConfig, data) -> list[list]:

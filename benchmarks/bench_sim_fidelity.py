@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.calibrate import calibrate
-from scaledl_lab.cluster import connect
 from scaledl_lab.experiment import compare
-from scaledl_lab.scaling import step_time
+from scaledl_lab.runtime.dask.cluster import connect
+from scaledl_lab.studies.calibrate import calibrate
+from scaledl_lab.studies.scaling import step_time
 
 DATA = dict(train_subset=20_000, val_size=200, test_subset=200)
 

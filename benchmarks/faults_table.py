@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from scaledl_lab import ExperimentConfig, RunError, run
-from scaledl_lab.cluster import connect
 from scaledl_lab.experiment import total_steps
+from scaledl_lab.runtime.dask.cluster import connect
 
 STRATEGIES: list[tuple[str, dict]] = [
     ("allreduce", {}),

@@ -1,10 +1,11 @@
 """The gradient-compression study at full size, into a results folder the notebook loads.
 
 Every compressor (with and without error feedback) on 2 simulated workers, Fashion-MNIST, MLP,
-5 epochs (`scaledl_lab.compression_study`); time per step on a slow and a fast simulated network
-(16 workers); then `summary.md` with the tables and the verdicts. PowerSGD beside torch's hook
-comes from `python benchmarks/bench_compression.py --skip-resnet --out results/compression`
-(run it after this script; `--report-only` then rewrites summary.md with its table).
+5 epochs (`scaledl_lab.strategies.compression.study`); time per step on a slow and a fast
+simulated network (16 workers); then `summary.md` with the tables and the verdicts. PowerSGD
+beside torch's hook comes from `python benchmarks/bench_compression.py --skip-resnet --out
+results/compression` (run it after this script; `--report-only` then rewrites summary.md with
+its table).
 
     python benchmarks/reproduce_compression.py [--out results/compression] [--report-only] [--quick]
     python benchmarks/reproduce_compression.py --seeds 1 2   # seed spread of the 1-point claims
@@ -21,10 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from scaledl_lab import compression_report as report
-from scaledl_lab import compression_study as study
 from scaledl_lab.config import ExperimentConfig
 from scaledl_lab.experiment import Results, compare
+from scaledl_lab.strategies.compression import report, study
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """scaledl_lab: the techniques of "Deep Learning at Scale" (PDP 2019) on Dask and PyTorch."""
 
-from . import plots
 from .config import ExperimentConfig, is_quick, quick
 from .errors import ConfigError, DivergenceError, RunError, ServerLostError, WorkerLostError
 from .experiment import Results, compare, run
+from .viz import plots
 
 __version__ = "0.1.0"
 

@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from .config import TOPOLOGY_STRATEGIES, ExperimentConfig
-from .cost import Stragglers
 from .metrics import summarise_workers
+from .runtime.sim.cost import Stragglers
 from .topology import parse
 
 TRAFFIC = "traffic"  # runs named "traffic · METHOD · Nw" belong to a traffic sweep
@@ -318,8 +318,8 @@ def _rate_kept(frame: pd.DataFrame, table: pd.DataFrame, r: dict) -> float:
 
 
 def traffic_table(results: Any, *, model_bytes: Baseline | None = None) -> pd.DataFrame:
-    """One row per traffic-sweep run (see :func:`scaledl_lab.scaling.traffic_configs`): method,
-    workers, bytes a worker sends per step, bytes through the busiest server per round."""
+    """One row per traffic-sweep run (see :func:`scaledl_lab.studies.scaling.traffic_configs`):
+    method, workers, bytes a worker sends per step, bytes through the busiest server per round."""
     configs = [c for c in results.configs if is_traffic_run(c.label)]
     records = []
     for cfg in configs:

@@ -89,7 +89,7 @@ class ExperimentConfig:
     timeout_s: float = 60.0
     oversubscribe: bool = False
     name: str | None = None
-    # Simulated runtime only: the cost model (see scaledl_lab.cost).
+    # Simulated runtime only: the cost model (see scaledl_lab.runtime.sim.cost).
     compute_profile: str = "cpu-core"
     network: str = "loopback"
     allreduce_algorithm: str = "ring"
@@ -112,7 +112,8 @@ class ExperimentConfig:
     micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
     balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
     recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
-    # Large batches (scaledl_lab.large_batch); None: on in the recipe (scaling, warmup, LARS/LAMB).
+    # Large batches (training/schedule.py, the recipe's details strategies/large_batch/recipe.py);
+    # None: on in the recipe (scaling, warmup, LARS/LAMB).
     lr_scaling: str = "none"  # "linear" | "sqrt": lr × (effective / reference batch) or its root
     reference_batch_size: int = 256  # the effective batch at which ``lr`` is the rate
     warmup_epochs: float = 0.0  # gradual warmup (Goyal et al. 2017); fractional allowed
@@ -124,7 +125,7 @@ class ExperimentConfig:
     no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
     compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
     error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
-    # Faults and checkpoints (scaledl_lab.faults, scaledl_lab.checkpoint).
+    # Faults and checkpoints (scaledl_lab.training.faults, scaledl_lab.training.checkpoint).
     faults: str | None = None  # "kill:RANK:STEP,...": worker RANK dies after its step STEP
     checkpoint_every: int | str | None = None  # N steps, or "Nepochs"; beside the metrics
 
@@ -246,7 +247,7 @@ def validate(cfg: ExperimentConfig) -> None:
             f"clip_gradient={clip!r} must be a positive number (each gradient element is "
             "clipped into [-clip_gradient, clip_gradient]), or None for no clipping"
         )
-    from .partition import check_model_parallel
+    from .strategies.model_parallel.partition import check_model_parallel
 
     check_model_parallel(cfg)
     if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.replicas:
@@ -255,11 +256,11 @@ def validate(cfg: ExperimentConfig) -> None:
             f"{cfg.replicas} replicas (workers={cfg.workers}); choose a multiple of "
             f"{cfg.replicas} or set batch_size (per replica) instead"
         )
-    from .cost_checks import check_config
+    from .runtime.sim.cost_checks import check_config
 
     check_config(cfg)
     _validate_strategy_options(cfg)
-    from .large_batch_checks import check_config as check_large_batch
+    from .strategies.large_batch.checks import check_config as check_large_batch
 
     check_large_batch(cfg)
 
@@ -300,11 +301,11 @@ def _validate_strategy_options(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
     if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
         raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
-    from .compression import check_config as check_compression
+    from .strategies.compression import check_config as check_compression
 
     check_compression(cfg)
-    from .checkpoint import check_config as check_checkpoints
-    from .faults import parse_faults
+    from .training.checkpoint import check_config as check_checkpoints
+    from .training.faults import parse_faults
 
     parse_faults(cfg.faults, cfg.workers)
     check_checkpoints(cfg.strategy, cfg.compress, cfg.checkpoint_every)

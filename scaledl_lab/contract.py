@@ -63,7 +63,7 @@ SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
 SERVER_TRANSPORTS: tuple[str, ...] = ("auto", "shm", "actor")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 PRECISIONS: tuple[str, ...] = ("float32", "float64")
-# Large batches (scaledl_lab.large_batch): the learning-rate scaling rules, and the strategies
+# Large batches (scaledl_lab.training.schedule): the learning-rate scaling rules, and the strategies
 # that take micro-batch accumulation and batch-size schedules (synchronous allreduce).
 LR_SCALINGS: tuple[str, ...] = ("none", "linear", "sqrt")
 ACCUMULATE_STRATEGIES: tuple[str, ...] = ("allreduce", "allreduce-naive")

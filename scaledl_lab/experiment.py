@@ -12,16 +12,16 @@ from typing import Any
 
 import pandas as pd
 
-from .checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, RunError
-from .faults import check_fault_steps
-from .large_batch_checks import check_data as check_large_batch_data
-from .launch import RowsCallback
-from .launch import execute as execute_run
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
-from .worker import load_for, steps_per_epoch_of, total_steps
+from .strategies.large_batch.checks import check_data as check_large_batch_data
+from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
+from .training.faults import check_fault_steps
+from .training.launch import RowsCallback
+from .training.launch import execute as execute_run
+from .training.worker import load_for, steps_per_epoch_of, total_steps
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -58,7 +58,7 @@ class Results:
     configs: list[ExperimentConfig]
     outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     out_dir: Path | None = None
-    timelines: dict[str, list[Any]] = field(default_factory=dict)  # sim runs: runtime.sim.Event
+    timelines: dict[str, list[Any]] = field(default_factory=dict)  # sim runs: sim.scheduler.Event
     events: pd.DataFrame = field(default_factory=lambda: events_frame([]))  # pipelines
 
     def timeline(self, run: str | None = None) -> pd.DataFrame:
@@ -85,24 +85,24 @@ class Results:
         return state
 
     def plot(self, metric: str = "accuracy", x: str = "epoch", kind: str = "test", **kwargs: Any):
-        from . import plots
+        from .viz import plots
 
         return plots.plot_curves(self.frame, metric=metric, x=x, kind=kind, **kwargs)
 
     def summary(self) -> pd.DataFrame:
-        from . import plots
+        from .viz import plots
 
         return plots.summary_table(self.frame)
 
     def warnings(self) -> list[str]:
         """Runs that ended near chance or whose loss exploded, each with its likely cause."""
-        from .health import run_warnings
+        from .training.health import run_warnings
 
         return run_warnings(self.summary(), self.configs)
 
     def save(self, out_dir: str | os.PathLike[str]) -> Path:
         """Write metrics.csv/.parquet, config.json, PNG plots and summary.md into ``out_dir``."""
-        from . import plots
+        from .viz import plots
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -141,8 +141,8 @@ class Results:
 
     def sharpness(self, runs: Sequence[str] | None = None, **options: Any) -> pd.DataFrame:
         """Sharpness and generalisation gap of each run's final model (see
-        :func:`scaledl_lab.sharpness.analyse`)."""
-        from .sharpness import analyse
+        :func:`scaledl_lab.strategies.large_batch.sharpness.analyse`)."""
+        from .strategies.large_batch.sharpness import analyse
 
         return analyse(self, runs, **options)
 
@@ -150,7 +150,7 @@ class Results:
         """events.csv, a Gantt chart per pipeline run, and the summary's pipeline section."""
         import matplotlib.pyplot as plt
 
-        from . import gantt
+        from .viz import gantt
 
         self.events.to_csv(out / "events.csv", index=False)
         for run in self.events["run"].unique():
@@ -232,11 +232,13 @@ def compare(
     """Run several configs one after another on one cluster; one results table for all.
 
     Every config is validated and its data located before any cluster starts. ``security``:
-    Dask's ``Security`` for a ``tls://`` ``address`` (see :func:`scaledl_lab.cluster.connect`).
-    ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the checkpoint of
-    that step in ``out`` (each rank reads its own file there), its rows appended to the table.
+    Dask's ``Security`` for a ``tls://`` ``address`` (see
+    :func:`scaledl_lab.runtime.dask.cluster.connect`).
+    ``resume`` (:func:`scaledl_lab.training.resume.resume`): one config continues from the
+    checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
+    to the table.
     """
-    from .cluster import connect
+    from .runtime.dask.cluster import connect
 
     configs = list(configs)
     if not configs:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from distributed import Client
 
-from scaledl_lab.cluster import connect
 from scaledl_lab.data import DatasetNotFoundError, locate
+from scaledl_lab.runtime.dask.cluster import connect
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

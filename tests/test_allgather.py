@@ -11,9 +11,15 @@ import torch
 from common import SMALL
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers, allgather_time
-from scaledl_lab.launch import execute
-from scaledl_lab.runtime.sim import SimWorld
+from scaledl_lab.runtime.sim.cost import (
+    ComputeProfile,
+    CostModel,
+    NetworkProfile,
+    Stragglers,
+    allgather_time,
+)
+from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.training.launch import execute
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

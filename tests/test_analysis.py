@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from scaledl_lab import analysis, claims, topology
+from scaledl_lab import analysis, topology
 from scaledl_lab.config import ExperimentConfig
 from scaledl_lab.metrics import to_frame
+from scaledl_lab.studies import claims
 
 MIB = 2**20
 

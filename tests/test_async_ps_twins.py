@@ -15,8 +15,8 @@ import pytest
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.reference import replay_async_server, server_push_order
-from scaledl_lab.worker import load_for
+from scaledl_lab.training.reference import replay_async_server, server_push_order
+from scaledl_lab.training.worker import load_for
 
 STEPS = 12  # per worker: 36 gradients in all
 

@@ -7,10 +7,10 @@ import pytest
 from common import SMALL
 
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
-from scaledl_lab.checkpoint import latest_step
 from scaledl_lab.cli import main
 from scaledl_lab.experiment import total_steps
-from scaledl_lab.resume import resume
+from scaledl_lab.training.checkpoint import latest_step
+from scaledl_lab.training.resume import resume
 
 BASE = dict({k: v for k, v in SMALL.items() if k != "max_steps"}, runtime="sim", model="mlp")
 COLUMNS = ["rank", "step", "loss", "accuracy"]
@@ -77,7 +77,7 @@ def test_resume_of_a_finished_run_asks_for_more_epochs(tmp_path):
 
 
 def test_a_resumed_dask_run_continues_from_the_checkpoint_step(tmp_path):
-    from scaledl_lab.cluster import connect
+    from scaledl_lab.runtime.dask.cluster import connect
 
     cfg = ExperimentConfig(strategy="allreduce", workers=2, checkpoint_every=5,
                            **{**BASE, "runtime": "dask", "max_steps": 10})  # fmt: skip

@@ -237,7 +237,7 @@ def test_run_flag_bad_value_fails_with_the_config_message(capsys, argv, message)
 
 
 def test_reproduce_long_runs_the_long_comparison(tmp_path, monkeypatch, capsys):
-    from scaledl_lab import long_run
+    from scaledl_lab.studies import long_run
 
     calls = []
 

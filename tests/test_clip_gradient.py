@@ -5,7 +5,7 @@ import torch
 
 from scaledl_lab.cli import _config_from_args, _parser
 from scaledl_lab.config import ConfigError, ExperimentConfig
-from scaledl_lab.plan import make_optimizer
+from scaledl_lab.training.plan import make_optimizer
 
 
 def _stepped(cfg: ExperimentConfig, grad: torch.Tensor) -> torch.Tensor:

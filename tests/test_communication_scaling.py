@@ -1,7 +1,7 @@
 """The paper's communication argument, measured on the simulator for N = 4 … 64 workers:
 a worker's traffic is constant in N on a ring/torus, while a parameter server's grows with N.
 
-The sweep is :func:`scaledl_lab.scaling.traffic_sweep`, the one that ``reproduce`` and
+The sweep is :func:`scaledl_lab.studies.scaling.traffic_sweep`, the one that ``reproduce`` and
 notebook 04 run too."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.scaling import traffic_sweep
+from scaledl_lab.studies.scaling import traffic_sweep
 
 BASE = ExperimentConfig(runtime="sim", model="mlp", batch_size=16, val_size=100, test_subset=100)
 

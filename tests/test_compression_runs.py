@@ -12,13 +12,13 @@ from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.cli import main
-from scaledl_lab.compression import QSGD, OneBit, PowerSGD, layout_of, payload_bytes
 from scaledl_lab.config import ConfigError
-from scaledl_lab.cost import allgather_bytes, ring_allreduce_bytes
 from scaledl_lab.metrics import compression_ratio
 from scaledl_lab.models import build_model
-from scaledl_lab.plan import make_optimizer
-from scaledl_lab.plots import summary_markdown, summary_table
+from scaledl_lab.runtime.sim.cost import allgather_bytes, ring_allreduce_bytes
+from scaledl_lab.strategies.compression import QSGD, OneBit, PowerSGD, layout_of, payload_bytes
+from scaledl_lab.training.plan import make_optimizer
+from scaledl_lab.viz.plots import summary_markdown, summary_table
 
 SIM = dict(SMALL, runtime="sim", workers=4, model="mlp", lr=0.02)
 

@@ -9,9 +9,8 @@ import pytest
 from common import SMALL
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab import compression_report as report
-from scaledl_lab import compression_study as study
 from scaledl_lab.experiment import Results
+from scaledl_lab.strategies.compression import report, study
 
 SIM = dict(SMALL, runtime="sim", workers=2, model="mlp", max_steps=None, train_subset=1200)
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from scaledl_lab.compression import (
+from scaledl_lab.strategies.compression import (
     DGC,
     QSGD,
     DGCMemory,
@@ -25,8 +25,8 @@ from scaledl_lab.compression import (
     shard_layouts,
     unpack,
 )
-from scaledl_lab.compression.compressors import QSGD_BUCKET
-from scaledl_lab.compression.wire import pack_bits, unpack_bits
+from scaledl_lab.strategies.compression.compressors import QSGD_BUCKET
+from scaledl_lab.strategies.compression.wire import pack_bits, unpack_bits
 
 # A small "model": two matrices, a conv kernel and biases (1-D segments).
 LAYOUT = ((48, 20), (48,), (10, 3, 3, 3), (10,), (7, 48))

@@ -12,8 +12,8 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
-from scaledl_lab.cluster import live_workers
-from scaledl_lab.runtime.devices import plan_devices
+from scaledl_lab.runtime.dask.cluster import live_workers
+from scaledl_lab.runtime.dask.devices import plan_devices
 
 
 def seen(address: str, host: str, gpus: int, visible: str | None = None) -> dict:
@@ -68,7 +68,7 @@ def test_device_cuda_on_cpu_workers_stops_before_any_work_naming_the_worker(clie
 
 
 def test_data_moves_to_the_device_once():
-    from scaledl_lab.worker import load_for
+    from scaledl_lab.training.worker import load_for
 
     data = load_for(ExperimentConfig(model="mlp", **{**SMALL, "max_steps": None}))
     assert data.to(torch.device("cpu")) is data  # nothing to move

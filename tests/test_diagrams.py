@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch
 
-from scaledl_lab import diagrams
+from scaledl_lab.viz import diagrams
 
 
 def _arrows(ax) -> int:
@@ -36,7 +36,7 @@ def test_topology_diagram_draws_each_link_once():
 
 
 def test_workers_axis_labels_every_power_of_two_once():
-    from scaledl_lab.scaling import workers_axis
+    from scaledl_lab.studies.scaling import workers_axis
 
     ax = Figure().subplots()
     ax.plot([1, 2, 4, 8, 16], [1, 2, 3, 4, 5])

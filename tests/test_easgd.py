@@ -7,9 +7,9 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
-from scaledl_lab.runtime.sim import SimWorld
-from scaledl_lab.strategies.easgd import elastic_sync, moving_rate
+from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.strategies.decentralised.easgd import elastic_sync, moving_rate
 
 
 @pytest.mark.parametrize("workers", [2, 5, 8])

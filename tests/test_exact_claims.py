@@ -17,8 +17,8 @@ import pytest
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.worker import load_for
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for
 
 # Strategies whose one-worker form is plain SGD: no peer to average with or wait for, the
 # server's update is the optimiser's step on the only gradient (staleness 0: staleness-aware

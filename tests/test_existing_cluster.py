@@ -24,8 +24,8 @@ import pytest
 from distributed import Client
 from distributed.security import Security
 
-from scaledl_lab.cluster import connect, live_workers
 from scaledl_lab.errors import ConfigError
+from scaledl_lab.runtime.dask.cluster import connect, live_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ("127.0.0.2", "127.0.0.3")

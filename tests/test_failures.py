@@ -10,9 +10,9 @@ import time
 import pytest
 
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
-from scaledl_lab.cluster import connect
 from scaledl_lab.data import DatasetNotFoundError
-from scaledl_lab.runtime.dask import worker_addresses
+from scaledl_lab.runtime.dask.cluster import connect
+from scaledl_lab.runtime.dask.driver import worker_addresses
 
 
 def test_killed_worker_ends_run_with_clear_error_and_partial_metrics(tmp_path):

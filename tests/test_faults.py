@@ -10,10 +10,10 @@ from common import SMALL
 
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
 from scaledl_lab.cli import main
-from scaledl_lab.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
 from scaledl_lab.experiment import total_steps
-from scaledl_lab.runtime.sim import SimWorld
-from scaledl_lab.strategies.gossip import gossip_average
+from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.strategies.decentralised.gossip import gossip_average
 
 FAULTY = dict(SMALL, runtime="sim", workers=4, model="mlp", faults="kill:1:3")
 
@@ -117,7 +117,7 @@ def test_cli_names_the_bad_rank(capsys):
 
 
 def _dask_run(strategy: str, workers: int, tmp_path):
-    from scaledl_lab.cluster import connect
+    from scaledl_lab.runtime.dask.cluster import connect
 
     options = {**SMALL, "max_steps": 12}
     cfg = ExperimentConfig(strategy=strategy, workers=workers, model="mlp", oversubscribe=True,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from scaledl_lab import reproduce as rp
 from scaledl_lab.data import write_cifar10_fixture
+from scaledl_lab.studies import reproduce as rp
 
 TINY = dict(workers=2, epochs=1, batch_size=16, train_subset=64, val_size=20, test_subset=20)
 CHOSEN = ("nnt-ring · sim · 16w · lr×1", "allreduce · sim · 16w · same optimiser")

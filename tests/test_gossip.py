@@ -10,10 +10,10 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
-from scaledl_lab.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
 from scaledl_lab.models import build_model, count_parameters
-from scaledl_lab.runtime.sim import SimWorld
-from scaledl_lab.strategies.gossip import gossip_average, simulate_gossip
+from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.strategies.decentralised.gossip import gossip_average, simulate_gossip
 from scaledl_lab.topology import (
     colouring,
     mixing_matrix,

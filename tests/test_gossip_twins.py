@@ -21,8 +21,8 @@ from torch.optim.optimizer import (
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.models import build_model
-from scaledl_lab.reference import train_dpsgd_sequential, train_sequential
-from scaledl_lab.worker import load_for
+from scaledl_lab.training.reference import train_dpsgd_sequential, train_sequential
+from scaledl_lab.training.worker import load_for
 
 # Five steps of plain SGD in float64: the twin's own rounding is ~1e-17.
 EXACT = dict(SMALL, momentum=0.0, max_steps=5, precision="float64")

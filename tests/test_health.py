@@ -1,4 +1,4 @@
-"""Defaults that train, and warnings for runs that do not (scaledl_lab.health)."""
+"""Defaults that train, and warnings for runs that do not (scaledl_lab.training.health)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 from common import SMALL
 
-from scaledl_lab import ExperimentConfig, health, run
+from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.cli import _config_from_args, _parser, main
+from scaledl_lab.training import health
 
 
 def _summary(cfg, acc, loss):

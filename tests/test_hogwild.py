@@ -8,10 +8,10 @@ from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.models import build_model
-from scaledl_lab.reference import train_sequential
 from scaledl_lab.strategies import get_strategy
-from scaledl_lab.strategies.hogwild import share_parameters
-from scaledl_lab.worker import load_for, steps_per_epoch_of
+from scaledl_lab.strategies.parameter_server.hogwild import share_parameters
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for, steps_per_epoch_of
 
 
 def test_parameters_become_views_of_the_shared_vector():

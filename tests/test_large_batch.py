@@ -9,10 +9,11 @@ import pytest
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.large_batch import StepPlan, lr_at, prepare_model
 from scaledl_lab.models import build_model
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.worker import load_for
+from scaledl_lab.strategies.large_batch.recipe import prepare_model
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.schedule import StepPlan, lr_at
+from scaledl_lab.training.worker import load_for
 
 # 4 workers × 128 = 512 samples per update, twice the reference batch 256: k = 2.
 BASE = dict(strategy="allreduce", runtime="sim", workers=4, batch_size=128, lr=0.1, epochs=10)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.large_batch_report import schedule_frame, updates, verdicts
+from scaledl_lab.strategies.large_batch.report import schedule_frame, updates, verdicts
 
 ROLES = {r: r for r in ("small", "naive", "scaled", "warmup", "lars", "decay", "grow")}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.cost import ring_allreduce_bytes
 from scaledl_lab.models import build_model, count_parameters
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.worker import load_for
+from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for
 
 MLP_BYTES = 4 * count_parameters(build_model("mlp", (1, 28, 28), 10))
 

@@ -8,9 +8,9 @@ import math
 import pandas as pd
 import pytest
 
-from scaledl_lab import long_run, side_by_side
 from scaledl_lab.experiment import compare
-from scaledl_lab.reproduce import LR_GRID, Setting
+from scaledl_lab.studies import long_run, side_by_side
+from scaledl_lab.studies.reproduce import LR_GRID, Setting
 
 
 def test_the_long_comparison_is_simulated_full_data_twenty_epochs_and_seeds():

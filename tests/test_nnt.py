@@ -10,8 +10,8 @@ from common import SMALL, max_diff
 from scaledl_lab import ExperimentConfig, run, topology
 from scaledl_lab.analysis import best_worker, step_rates
 from scaledl_lab.params import write_grads
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.worker import load_for
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for
 
 
 @pytest.mark.parametrize("optimizer,lr", [("sgd", 0.05), ("adam", 1e-3), ("adagrad", 0.01)])
@@ -221,7 +221,7 @@ def test_unbounded_nnt_on_dask_with_a_straggler_applies_every_message(client):
 def test_the_simulator_charges_every_neighbour_gradient_it_applies(tmp_path, strategy):
     """Each application of a neighbour's gradient (its copy out of the receive buffer and the
     optimiser step) costs the profile's apply_per_byte_s × its bytes of virtual time."""
-    from scaledl_lab.cost import NETWORKS, ComputeProfile, save_calibration
+    from scaledl_lab.runtime.sim.cost import NETWORKS, ComputeProfile, save_calibration
 
     cfg = ExperimentConfig(
         strategy=strategy, runtime="sim", workers=2, model="mlp", nnt_max_lead=0, **SMALL

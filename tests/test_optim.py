@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.optim import LAMB, LARS, param_groups
-from scaledl_lab.plan import make_optimizer
+from scaledl_lab.training.optim import LAMB, LARS, param_groups
+from scaledl_lab.training.plan import make_optimizer
 
 
 def _model() -> nn.Module:

@@ -16,17 +16,17 @@ from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, RunError, run
 from scaledl_lab.analysis import time_per_epoch
-from scaledl_lab.cluster import connect
-from scaledl_lab.reference import train_sequential
 from scaledl_lab.runtime.base import NOT_READY
-from scaledl_lab.runtime.dask import worker_addresses
+from scaledl_lab.runtime.dask.cluster import connect
+from scaledl_lab.runtime.dask.driver import worker_addresses
 from scaledl_lab.strategies import get_strategy
-from scaledl_lab.strategies.ps_server import (
+from scaledl_lab.strategies.parameter_server.server import (
     ParameterServer,
     delay_compensated,
     staleness_aware_lr,
 )
-from scaledl_lab.worker import load_for, steps_per_epoch_of
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for, steps_per_epoch_of
 
 ASYNC = ("ps-async", "downpour", "staleness-aware", "dc-asgd")
 SIM = dict(runtime="sim", model="mlp", **SMALL)

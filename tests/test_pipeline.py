@@ -11,13 +11,23 @@ from matplotlib.figure import Figure
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.experiment import Results
-from scaledl_lab.gantt import bubble_summary, bubble_theory, plot_pipeline, step_bubbles
 from scaledl_lab.models import build_model
-from scaledl_lab.partition import boundary_shapes, layers, split_evenly, stage_counts
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.strategies.pipeline import Stage
-from scaledl_lab.strategies.schedules import execution_order, gpipe, in_flight, one_f_one_b
-from scaledl_lab.worker import load_for
+from scaledl_lab.strategies.model_parallel.partition import (
+    boundary_shapes,
+    layers,
+    split_evenly,
+    stage_counts,
+)
+from scaledl_lab.strategies.model_parallel.pipeline import Stage
+from scaledl_lab.strategies.model_parallel.schedules import (
+    execution_order,
+    gpipe,
+    in_flight,
+    one_f_one_b,
+)
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for
+from scaledl_lab.viz.gantt import bubble_summary, bubble_theory, plot_pipeline, step_bubbles
 
 TINY = dict(
     dataset="fashion-mnist", train_subset=480, test_subset=64, val_size=64, epochs=1, lr=0.05

@@ -1,4 +1,4 @@
-"""Tests for scaledl_lab.plots on a small synthetic metrics table with hand-computed answers."""
+"""Tests for scaledl_lab.viz.plots on a small synthetic metrics table with hand-computed answers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from scaledl_lab.plots import (
+from scaledl_lab.viz.plots import (
     plot_curves,
     plot_throughput,
     save_standard_plots,
@@ -219,7 +219,7 @@ def test_errors_on_empty_or_incomplete_frames(frame: pd.DataFrame, tmp_path) -> 
 
 
 def test_one_colour_per_method_and_one_line_style_per_variant():
-    from scaledl_lab.plots import line_styles
+    from scaledl_lab.viz.plots import line_styles
 
     runs = [
         "allreduce · dask · 1w", "allreduce · dask · 2w", "nnt-torus · sim · 16w",
@@ -244,7 +244,7 @@ def test_real_and_simulated_runs_get_separate_time_panels(tmp_path):
                              samples=10))  # fmt: skip
     from matplotlib.image import imread
 
-    from scaledl_lab.plots import save_standard_plots
+    from scaledl_lab.viz.plots import save_standard_plots
 
     paths = {p.name: p for p in save_standard_plots(pd.DataFrame(rows), tmp_path)}
     wide, narrow = imread(paths["accuracy_vs_time.png"]), imread(paths["accuracy_vs_epoch.png"])

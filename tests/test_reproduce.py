@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from scaledl_lab import reproduce as rp
 from scaledl_lab.models import build_model, count_parameters
-from scaledl_lab.worker import load_for
+from scaledl_lab.studies import reproduce as rp
+from scaledl_lab.training.worker import load_for
 
 
 def test_quick_comparison_has_the_papers_runs():

@@ -1,4 +1,4 @@
-"""Server calls through shared memory (runtime/shm_link.py): the wire, the server's thread,
+"""Server calls through shared memory (runtime/dask/shm_link.py): the wire, the server's thread,
 its errors, and real runs that must train exactly as they do through Dask actor calls."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from scaledl_lab.cli import _parser
 from scaledl_lab.config import validate
 from scaledl_lab.errors import ConfigError
 from scaledl_lab.runtime.base import NOT_READY
-from scaledl_lab.runtime.shm_link import (
+from scaledl_lab.runtime.dask.shm_link import (
     MIN_SLOT,
     ShmClient,
     ShmServer,

@@ -12,8 +12,13 @@ from torch.func import functional_call
 
 from scaledl_lab import ExperimentConfig, Results, run
 from scaledl_lab.cli import main
-from scaledl_lab.sharpness import epsilon_sharpness, loss_slice, model_of, top_eigenvalue
-from scaledl_lab.worker import load_for
+from scaledl_lab.strategies.large_batch.sharpness import (
+    epsilon_sharpness,
+    loss_slice,
+    model_of,
+    top_eigenvalue,
+)
+from scaledl_lab.training.worker import load_for
 
 
 def _tiny() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

@@ -10,13 +10,8 @@ import torch
 from common import SMALL
 
 from scaledl_lab import ConfigError, ExperimentConfig, RunError, run
-from scaledl_lab.cost import (
-    ComputeProfile,
-    CostModel,
-    NetworkProfile,
-    Stragglers,
-)
-from scaledl_lab.runtime.sim import SimWorld
+from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
+from scaledl_lab.runtime.sim.scheduler import SimWorld
 
 
 def _cost(latency=1e-4, bandwidth=1e9, per_sample=1e-4, stragglers=None, algorithm="ring"):
@@ -131,7 +126,7 @@ def test_timeline_accounts_for_all_time():
 
 
 def test_straggler_sets_the_pace_of_synchronous_steps():
-    from scaledl_lab.scaling import step_time
+    from scaledl_lab.studies.scaling import step_time
 
     base = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=4, model="cnn", network="100g-ib", **SMALL
@@ -216,8 +211,8 @@ def test_many_virtual_workers():
 
 
 def test_calibration_measures_and_saves_a_usable_profile(client, tmp_path):
-    from scaledl_lab.calibrate import calibrate
-    from scaledl_lab.cost import load_calibration
+    from scaledl_lab.runtime.sim.cost import load_calibration
+    from scaledl_lab.studies.calibrate import calibrate
 
     path = calibrate(("mlp",), tmp_path / "cal.json", client=client, log=None)
     compute, network = load_calibration(path)
@@ -301,7 +296,7 @@ def test_label_skewed_shards_train_end_to_end():
     train = res.frame.query("kind == 'train'")
     assert (train.groupby("rank").size() == 6).all()
     from scaledl_lab.data import shard_indices
-    from scaledl_lab.worker import load_for
+    from scaledl_lab.training.worker import load_for
 
     labels = load_for(cfg).train.y
     classes = [

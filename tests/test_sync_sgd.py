@@ -10,13 +10,13 @@ import torch
 from common import SMALL, max_diff
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
-from scaledl_lab.cost import ring_allreduce_bytes
-from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model, count_parameters
-from scaledl_lab.reference import train_sequential, train_worker_mean
 from scaledl_lab.runtime.base import Comm
-from scaledl_lab.strategies.sync_sgd import BucketedAllreduce, NaiveAllreduce
-from scaledl_lab.worker import load_for
+from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
+from scaledl_lab.strategies.data_parallel.sync_sgd import BucketedAllreduce, NaiveAllreduce
+from scaledl_lab.training.launch import execute
+from scaledl_lab.training.reference import train_sequential, train_worker_mean
+from scaledl_lab.training.worker import load_for
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

@@ -8,13 +8,13 @@ from common import SMALL, max_diff
 from torch import nn
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
-from scaledl_lab.cost import ring_allreduce_bytes
-from scaledl_lab.launch import execute
 from scaledl_lab.models import build_model
-from scaledl_lab.reference import train_sequential
-from scaledl_lab.strategies import tensor_parallel
-from scaledl_lab.strategies.tensor_parallel import ParallelMLPBlock
-from scaledl_lab.worker import load_for
+from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
+from scaledl_lab.strategies.model_parallel import tensor_parallel
+from scaledl_lab.strategies.model_parallel.tensor_parallel import ParallelMLPBlock
+from scaledl_lab.training.launch import execute
+from scaledl_lab.training.reference import train_sequential
+from scaledl_lab.training.worker import load_for
 
 TP = dict(strategy="tensor-parallel", model="mlp", precision="float64", **SMALL)
 HIDDEN, BATCH = 512, SMALL["batch_size"]

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..cost import ring_allreduce_bytes
 from ..errors import RunError, WorkerKilled
+from .sim.cost import ring_allreduce_bytes
 
 
 class _NotReady:

@@ -1,16 +1,19 @@
-"""The strategies: one module per technique family, each registering its contract names."""
+"""The strategies: one folder per technique family. Importing this package imports every
+family that registers strategies, so that each ``@register`` call has run before a strategy is
+looked up (:func:`get_strategy`).
 
-from . import (
-    easgd,
-    gossip,
-    hogwild,
-    local_sgd,
-    nnt,
-    parameter_server,
-    pipeline,
-    sync_sgd,
-    tensor_parallel,
-)
+- :mod:`.data_parallel`: synchronous data parallelism (``allreduce``, ``allreduce-naive``);
+- :mod:`.parameter_server`: parameter servers, their workers' side and Hogwild!;
+- :mod:`.decentralised`: NNT, D-PSGD and AD-PSGD, local SGD, EASGD;
+- :mod:`.model_parallel`: splitting a model, pipelines (naive, GPipe, 1F1B), tensor parallelism;
+- :mod:`.large_batch`: the large-batch recipe, its checks, sharpness, its study and report;
+- :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
+  travel in each family, its study and report.
+
+The last two register no strategy of their own: they change how the others train.
+"""
+
+from . import data_parallel, decentralised, model_parallel, parameter_server
 from .registry import STRATEGIES, ServerSpec, Strategy, get_strategy, register
 
 DESCRIPTIONS: dict[str, str] = {name: s.description for name, s in STRATEGIES.items()}
@@ -20,15 +23,10 @@ __all__ = [
     "STRATEGIES",
     "ServerSpec",
     "Strategy",
-    "easgd",
+    "data_parallel",
+    "decentralised",
     "get_strategy",
-    "gossip",
-    "hogwild",
-    "local_sgd",
-    "nnt",
+    "model_parallel",
     "parameter_server",
-    "pipeline",
     "register",
-    "sync_sgd",
-    "tensor_parallel",
 ]

@@ -1,0 +1,336 @@
+"""The `scaledl-lab` command: reproduce, run, resume, list, data, bench, analyse."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import contract
+from ..config import (
+    DATASETS,
+    IMPLEMENTED_RUNTIMES,
+    IMPLEMENTED_STRATEGIES,
+    ConfigError,
+    ExperimentConfig,
+    is_quick,
+    quick,
+)
+from ..errors import RunError
+from ..models import MODELS
+from ..runtime.sim.cost import DEVICES, NETWORKS
+from . import large_batch, options
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scaledl-lab", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    rep = sub.add_parser("reproduce", help="the paper comparison")
+    rep.add_argument("--quick", action="store_true", help="small data, few epochs (minutes)")
+    rep.add_argument(
+        "--long",
+        action="store_true",
+        help="simulated only: full Fashion-MNIST, 20 epochs, seeds and a learning-rate grid",
+    )
+    rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
+    rep.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="processes running the simulated runs side by side (after the real ones)",
+    )
+    rep.add_argument(
+        "--smoke",
+        action="store_true",
+        help="only the runs on Dask, 512 samples each: checks a cluster, measures nothing",
+    )
+    _cluster_options(rep)
+
+    run = sub.add_parser("run", help="one training run")
+    d = ExperimentConfig.__dataclass_fields__
+    run.add_argument("--strategy", default=d["strategy"].default)
+    run.add_argument("--runtime", default=d["runtime"].default)
+    run.add_argument("--workers", type=int, default=d["workers"].default)
+    run.add_argument("--dataset", default=d["dataset"].default)
+    run.add_argument("--model", default=d["model"].default)
+    run.add_argument("--epochs", type=int, default=d["epochs"].default)
+    run.add_argument(
+        "--batch-size",
+        type=int,
+        default=d["batch_size"].default,
+        help="per worker (effective batch = workers x batch-size)",
+    )
+    run.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="effective batch; must be divisible by --workers",
+    )
+    # Optimiser options left out take the strategy family's defaults (health.recommended).
+    run.add_argument("--lr", type=float, default=None)
+    run.add_argument("--momentum", type=float, default=None)
+    run.add_argument("--weight-decay", type=float, default=None)
+    run.add_argument("--optimizer", default=None)
+    run.add_argument(
+        "--clip-gradient",
+        type=float,
+        default=None,
+        metavar="C",
+        help="clip every gradient element into [-C, C] before each step (MXNet's clip_gradient)",
+    )
+    run.add_argument("--seed", type=int, default=d["seed"].default)
+    run.add_argument(
+        "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
+    )
+    run.add_argument("--sharding", default=d["sharding"].default)
+    run.add_argument(
+        "--val-size",
+        type=int,
+        default=d["val_size"].default,
+        help="training samples held out for validation",
+    )
+    run.add_argument("--train-subset", type=int, default=None)
+    run.add_argument("--test-subset", type=int, default=None)
+    run.add_argument("--max-steps", type=int, default=None)
+    run.add_argument("--data-dir", default=None)
+    run.add_argument(
+        "--device",
+        default=d["device"].default,
+        help="dask: " + " | ".join(contract.DEVICES) + " (auto: GPUs if every worker has one)",
+    )
+    run.add_argument(
+        "--precision", default=d["precision"].default, help=" | ".join(contract.PRECISIONS)
+    )
+    run.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=d["bucket_mb"].default,
+        help="allreduce: gradient bucket size in MiB",
+    )
+    run.add_argument(
+        "--timeout-s",
+        type=float,
+        default=d["timeout_s"].default,
+        help="dask: seconds a collective or a server call may wait before the run fails",
+    )
+    run.add_argument(
+        "--oversubscribe", action="store_true", help="allow more real workers than CPU cores"
+    )
+    run.add_argument(
+        "--compute-profile",
+        default=d["compute_profile"].default,
+        help="sim: a device (cpu-core, v100, a100, h100) or a calibration .json",
+    )
+    run.add_argument(
+        "--network",
+        default=d["network"].default,
+        help="sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW or .json",
+    )
+    run.add_argument(
+        "--allreduce-algorithm",
+        default=d["allreduce_algorithm"].default,
+        help="sim: ring | recursive-doubling",
+    )
+    run.add_argument(
+        "--stragglers",
+        default=None,
+        help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)",
+    )
+    options.add_run_options(run)
+    large_batch.add_run_options(run)
+    run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
+    _cluster_options(run)
+    run.add_argument("--name", default=None, help="the run's label (default STRATEGY-RUNTIME-Nw)")
+    run.add_argument("--out", default=None, help="results folder (default results/<label>)")
+
+    res = sub.add_parser("resume", help="continue a run from the last checkpoint in its folder")
+    res.add_argument("results_dir", help="the run's results folder (--out of `run`)")
+    res.add_argument("--epochs", type=int, default=None, help="epochs in all (default: as saved)")
+    res.add_argument("--address", default=None, help="attach to this Dask scheduler")
+
+    sub.add_parser("list", help="strategies, runtimes, datasets, models, cost profiles")
+
+    cal = sub.add_parser("calibrate", help="measure this machine for the simulated runtime")
+    cal.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=list(MODELS))
+    cal.add_argument("--out", default=None, help="profile JSON (default in ~/.cache/scaledl_lab)")
+
+    data = sub.add_parser("data", help="where datasets are and how to get them")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser("fetch", help="download (with checksums) or generate a dataset")
+    fetch.add_argument("name", choices=DATASETS)
+    fetch.add_argument("--dest", default=None)
+    data_sub.add_parser("info", help="which datasets are present, and where")
+
+    large_batch.add_analyse(sub)
+
+    bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
+    bench.add_argument("name", nargs="?", default=None)
+    return p
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("an existing cluster")
+    group.add_argument("--address", default=None, help="attach to this Dask scheduler")
+    group.add_argument("--tls-ca-file", default=None, help="tls:// scheduler: CA (PEM)")
+    group.add_argument("--tls-cert", default=None, help="tls:// scheduler: client certificate")
+    group.add_argument("--tls-key", default=None, help="tls:// scheduler: its private key")
+
+
+def _security(args: argparse.Namespace) -> Any:
+    from ..runtime.dask.cluster import tls_security
+
+    return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+
+
+def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    from ..training.health import recommended
+
+    family = recommended(args.strategy)
+    for name in ("lr", "momentum", "weight_decay", "optimizer"):
+        if getattr(args, name) is None:
+            setattr(args, name, family[name])
+    cfg = ExperimentConfig(
+        strategy=args.strategy, runtime=args.runtime, workers=args.workers,
+        dataset=args.dataset, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
+        global_batch_size=args.global_batch_size, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, optimizer=args.optimizer,
+        clip_gradient=args.clip_gradient, seed=args.seed,
+        topology=args.topology, sharding=args.sharding, val_size=args.val_size,
+        train_subset=args.train_subset, test_subset=args.test_subset, max_steps=args.max_steps,
+        bucket_mb=args.bucket_mb, device=args.device, precision=args.precision,
+        data_dir=args.data_dir, timeout_s=args.timeout_s, oversubscribe=args.oversubscribe,
+        name=args.name, compute_profile=args.compute_profile,
+        network=args.network, allreduce_algorithm=args.allreduce_algorithm,
+        stragglers=args.stragglers, **options.config_options(args),
+        **large_batch.config_options(args),
+    )  # fmt: skip
+    return quick(cfg) if (args.quick or is_quick()) else cfg
+
+
+def _cmd_list() -> None:
+    from ..strategies import DESCRIPTIONS
+
+    print("strategies (implemented):")
+    for name in IMPLEMENTED_STRATEGIES:
+        print(f"  {name:18s} {DESCRIPTIONS[name]}")
+    print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
+    print("datasets: " + ", ".join(DATASETS))
+    print("models: " + ", ".join(MODELS))
+    print("sim compute profiles: " + ", ".join(DEVICES) + ", or a file from `calibrate`")
+    print("sim networks: " + ", ".join(NETWORKS) + ", custom:LATENCY_S:BANDWIDTH_BPS")
+    print(
+        "compressors (--compress): none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO, powersgd:RANK"
+    )
+
+
+def _cmd_data(args: argparse.Namespace) -> None:
+    from ..data import DatasetNotFoundError, dataset_info, fetch, locate
+
+    if args.data_command == "fetch":
+        if args.dest is None:
+            try:
+                print(f"{args.name}: already present in {locate(args.name)}")
+                return
+            except DatasetNotFoundError:
+                pass
+        path = fetch(args.name, args.dest)
+        print(f"{args.name}: ready in {path}")
+        return
+    for info in dataset_info():
+        status = f"found in {info['path']}" if info["found"] else "not found"
+        print(f"{info['name']}: {status}")
+        if not info["found"]:
+            print(f"  how to get it: {info['how_to_get']}")
+
+
+def _cmd_bench(name: str | None) -> int:
+    if not BENCH_DIR.is_dir():
+        print(
+            f"benchmarks/ not found beside the package ({BENCH_DIR}); run from a checkout",
+            file=sys.stderr,
+        )
+        return 2
+    scripts = sorted(p for p in BENCH_DIR.glob("bench_*.py"))
+    if name is None:  # perf_table repeats the other benchmarks: only when asked by name
+        scripts = [p for p in scripts if p.stem != "bench_perf_table"]
+    else:
+        scripts = [p for p in scripts if p.stem in (name, f"bench_{name}")]
+        if not scripts:
+            names = [p.stem.removeprefix("bench_") for p in BENCH_DIR.glob("bench_*.py")]
+            print(
+                f"unknown benchmark {name!r}; available: {', '.join(sorted(names))}",
+                file=sys.stderr,
+            )
+            return 2
+    status = 0
+    for script in scripts:
+        print(f"== {script.stem} ==", flush=True)
+        status |= subprocess.call([sys.executable, str(script)])
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            _cmd_list()
+        elif args.command == "data":
+            _cmd_data(args)
+        elif args.command == "calibrate":
+            from ..studies.calibrate import calibrate
+
+            calibrate(tuple(args.models), args.out)
+        elif args.command == "bench":
+            return _cmd_bench(args.name)
+        elif args.command == "analyse":
+            return large_batch.cmd_analyse(args)
+        elif args.command == "run":
+            from ..experiment import run
+
+            cfg = _config_from_args(args)
+            out = args.out or f"results/{cfg.label}"
+            results = run(cfg, address=args.address, out=out, security=_security(args))
+            print(results.summary().to_string(index=False))
+            for warning in results.warnings():
+                print(f"warning: {warning}")
+            print(f"results written to {out}")
+        elif args.command == "resume":
+            from ..training.resume import resume
+
+            results = resume(args.results_dir, args.epochs, address=args.address)
+            print(results.summary().to_string(index=False))
+            print(f"results written to {args.results_dir}")
+        elif args.command == "reproduce" and args.long:
+            from ..studies.long_run import reproduce_long
+
+            out = args.out or "results/reproduce-long"
+            reproduce_long(out=out, jobs=args.jobs)
+            print((Path(out) / "summary.md").read_text())
+        elif args.command == "reproduce":
+            from ..studies.reproduce import reproduce, smoke_configs
+
+            is_q = args.quick or args.smoke or is_quick()
+            default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")
+            out = args.out or default
+            configs, traffic = (smoke_configs(), []) if args.smoke else (None, None)
+            reproduce(
+                is_quick=is_q,
+                out=out,
+                address=args.address,
+                configs=configs,
+                traffic=traffic,
+                security=_security(args),
+                jobs=args.jobs,
+            )
+            print((Path(out) / "summary.md").read_text())
+            print(f"results written to {out}")
+    except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:  # CostModelError too
+        print(f"scaledl-lab: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

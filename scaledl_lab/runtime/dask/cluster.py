@@ -1,0 +1,140 @@
+"""Start an embedded Dask LocalCluster, or attach to an existing scheduler; always shut down."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dask
+from distributed import Client, LocalCluster
+from distributed.security import Security
+
+from ...errors import ConfigError
+
+# Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
+# trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.
+# glibc gives each thread that allocates its own malloc arena; a worker trains in a task thread,
+# whose arena reused the CNN's batch-256 buffers worse than the main arena (plain DDP trained
+# ~10% slower from a second thread than from the main one, and as fast with one arena). One
+# arena per worker: ours vs DDP at batch 256 went from x0.86 to x0.95 (bench_sync_sgd.py).
+WORKER_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
+}
+
+
+def local_cluster(workers: int, *, dashboard: bool = True) -> LocalCluster:
+    """An embedded cluster: one process and one thread per worker, dashboard on 127.0.0.1."""
+    with dask.config.set(WORKER_CONFIG):
+        return _local_cluster(workers, dashboard)
+
+
+def _local_cluster(workers: int, dashboard: bool) -> LocalCluster:
+    return LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",  # a free port; `dashboard` only decides if we print it
+        silence_logs=logging.WARNING,  # a dying worker says why (e.g. killed by signal 9)
+        # Each worker runs one long task that uses one core; no memory-based pausing/killing
+        # of a worker in the middle of a collective.
+        memory_limit=0,
+    )
+
+
+def start_local(workers: int, *, dashboard: bool = True) -> Client:
+    """For notebooks: a client of a new embedded cluster; ``client.shutdown()`` stops both."""
+    client = Client(local_cluster(workers, dashboard=dashboard))
+    if dashboard:
+        print(f"Dask dashboard: {client.dashboard_link}")
+    return client
+
+
+def live_workers(client: Client) -> dict[str, Any]:
+    """The scheduler's workers now (address → info), asked afresh.
+
+    ``client.scheduler_info()`` returns the client's cached copy, and the client's own refresh
+    (every 2 s) replaces that with one that lists no workers, since it asks for none: read
+    just after such a refresh, every live worker looks gone (seen on a loaded machine).
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
+def tls_security(
+    ca_file: str | None = None, cert: str | None = None, key: str | None = None
+) -> Security | None:
+    """Dask's :class:`Security` for a ``tls://`` scheduler from PEM files (the options of
+    `dask scheduler` and `dask worker`: ``--tls-ca-file --tls-cert --tls-key``); None when none
+    is given, and Dask's config (``distributed.comm.tls.*``) applies."""
+    if ca_file is None and cert is None and key is None:
+        return None
+    missing = [n for n, v in (("ca_file", ca_file), ("cert", cert)) if v is None]
+    if missing:
+        raise ConfigError(
+            f"TLS needs the CA file and this client's certificate; missing: {', '.join(missing)} "
+            "(CLI: --tls-ca-file CA.pem --tls-cert CERT.pem [--tls-key KEY.pem])"
+        )
+    for path in (ca_file, cert, key):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"TLS file {path} does not exist")
+    return Security(
+        tls_ca_file=str(ca_file),
+        tls_client_cert=str(cert),
+        tls_client_key=None if key is None else str(key),
+        require_encryption=True,
+    )
+
+
+def _check_tls(address: str, security: Security | None) -> None:
+    """A ``tls://`` scheduler without credentials fails deep in the TLS layer; say what to pass."""
+    if not address.startswith("tls://"):
+        return
+    if (security or Security()).get_connection_args("client")["ssl_context"] is None:
+        raise ConfigError(
+            f"the scheduler {address} speaks TLS, but no certificate was given: pass "
+            "--tls-ca-file, --tls-cert and --tls-key (Python: security=tls_security(...) or a "
+            "distributed.security.Security), or set distributed.comm.tls.* in Dask's config"
+        )
+
+
+@contextlib.contextmanager
+def connect(
+    workers: int,
+    address: str | None = None,
+    *,
+    dashboard: bool = True,
+    log: Callable[[str], None] | None = print,
+    security: Security | None = None,
+) -> Iterator[Client]:
+    """A client for ``workers`` real workers.
+
+    Without ``address``: an embedded LocalCluster, one process and one thread per worker, its
+    dashboard on 127.0.0.1 (the link is logged). With ``address`` (``tcp://host:8786``, or
+    ``tls://`` with ``security``, or with Dask's ``distributed.comm.tls`` config): attach to a
+    running scheduler (dask-jobqueue, dask-cuda, Kubernetes ...) and leave it running.
+    """
+    if address is not None:
+        _check_tls(address, security)
+        client = Client(address, security=security)
+        try:
+            if log:
+                log(f"Attached to Dask scheduler {address} (dashboard: {client.dashboard_link})")
+            yield client
+        finally:
+            client.close()
+        return
+    cluster = local_cluster(workers, dashboard=dashboard)
+    try:
+        client = Client(cluster)
+        try:
+            if log and dashboard:
+                log(f"Dask dashboard: {client.dashboard_link} ({workers} local workers)")
+            yield client
+        finally:
+            client.close()
+    finally:
+        cluster.close()

@@ -1,0 +1,207 @@
+"""The Dask runtime, a worker's side: the long-running task of each rank, the actor that hosts a
+server object, and the queue that carries metric rows to the driver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from distributed import Queue, get_worker
+
+from ..base import NOT_READY, Launch, clone_tensors, tensor_bytes
+from ..memory import keep_freed_memory
+from .comm import TorchComm
+from .devices import use_device
+from .shm_link import ShmServer, host_key
+
+FLUSH_S = 0.5
+
+
+class ServerHost:
+    """A Dask actor hosting one plain server object of a strategy.
+
+    Its methods are coroutines, so they run on the worker's event loop one at a time: the
+    server needs no locks. A call the server answers with NOT_READY waits for the next call
+    that changes the server's state, then is tried again.
+    """
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.obj = make()
+        self.calls = self.bytes_in = self.bytes_out = 0
+        self._changed: asyncio.Condition | None = None
+        self._shm: ShmServer | None = None
+
+    async def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        async with self._changed:
+            while (value := self._apply(method, args)) is NOT_READY:
+                await self._changed.wait()
+            self._changed.notify_all()
+        # The reply is serialised later, after other calls may have changed the server.
+        return clone_tensors(value)
+
+    def _apply(self, method: str, args: tuple[Any, ...]) -> Any:
+        """One call on the server object, counted once it is answered (not ``NOT_READY``);
+        actor calls and calls through shared memory (:mod:`.shm_link`) both come here."""
+        value = getattr(self.obj, method)(*args)
+        if value is not NOT_READY:
+            self.calls += 1
+            self.bytes_in += tensor_bytes(args)
+            self.bytes_out += tensor_bytes(value)
+        return value
+
+    def serve_shm(self, directory: str, ranks: int) -> dict[str, Any]:
+        """From now on answer the ranks' calls through shared memory; returns what a rank needs
+        to reach it (:meth:`.shm_link.ShmServer.address`)."""
+        self._shm = ShmServer(Path(directory), ranks, self._apply)
+        return self._shm.address()
+
+    def host(self) -> str:
+        return host_key()
+
+    def close(self) -> None:
+        """The run is over: stop the shared-memory thread and remove its files."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+
+    def stats(self) -> dict[str, int]:
+        return {"calls": self.calls, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+
+class _QueueSink:
+    """Batches metric rows and ships them to the driver through a Dask Queue twice a second."""
+
+    def __init__(self, name: str) -> None:
+        self.queue = Queue(name)
+        self.rows: list[dict[str, Any]] = []
+        self.last = time.monotonic()
+
+    def emit(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if time.monotonic() - self.last > FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.queue.put(self.rows)
+            self.rows = []
+        self.last = time.monotonic()
+
+
+@contextlib.contextmanager
+def _profiler_paused() -> Iterator[None]:
+    """Pause Dask's statistical profiler on this worker while the rank trains.
+
+    It samples the running thread every 10 ms, which slows a training step measurably and
+    profiles nothing useful for one long task. Embedded clusters start with it disabled
+    (cluster.WORKER_CONFIG); this covers clusters we attach to.
+    """
+    try:
+        worker = get_worker()
+    except ValueError:
+        yield
+        return
+    names = ("profile", "profile-cycle")
+    paused = [worker.periodic_callbacks[n] for n in names if n in worker.periodic_callbacks]
+    paused = [pc for pc in paused if pc.is_running()]
+    for pc in paused:
+        worker.loop.add_callback(pc.stop)
+    try:
+        yield
+    finally:
+        for pc in paused:
+            worker.loop.add_callback(pc.start)
+
+
+_SINKS: dict[str, list[_QueueSink]] = {}  # this process's ranks' sinks, by queue
+
+
+def take_rows(queue_name: str) -> list[dict[str, Any]]:
+    """The rows this worker's ranks logged and have not shipped yet (run by the driver through
+    ``client.run`` when it stops a run early, while the ranks may be blocked)."""
+    rows: list[dict[str, Any]] = []
+    for sink in _SINKS.get(queue_name, []):
+        taken, sink.rows = sink.rows, []
+        rows += taken
+    return rows
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _shared_origin(device: torch.device) -> float:
+    """This rank's ``perf_counter`` reading at the moment rank 0's wall clock read when the
+    barrier ended: every rank then counts time from the same instant (exactly on one host,
+    to the hosts' clock synchronisation across hosts), so events of different ranks line up."""
+    start = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    dist.broadcast(start, 0)
+    return time.perf_counter() - (time.time() - start.item())
+
+
+def run_rank(
+    launch: Launch,
+    rank: int,
+    init_method: str,
+    queue_name: str,
+    servers: list[Any],
+    server_addresses: list[str],
+    device: str = "cpu",
+    server_links: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The one long-running task of a rank: rendezvous, run the program, always leave the group.
+
+    ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
+    each server's shared-memory address (:mod:`.shm_link`), or None for actor calls."""
+    torch.set_num_threads(1)  # one core per worker, as in the reference measurements
+    keep_freed_memory()
+    where = use_device(device)
+    launch.program.prepare()
+    backend = "nccl" if where.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=launch.world_size,
+        timeout=timedelta(seconds=launch.timeout_s),
+    )
+    try:
+        with _profiler_paused():
+            dist.barrier()
+            t0 = _shared_origin(where)
+            sink = _QueueSink(queue_name)
+            _SINKS.setdefault(queue_name, []).append(sink)
+            comm = TorchComm(
+                rank,
+                launch.world_size,
+                t0,
+                run_id=queue_name,
+                servers=servers,
+                server_addresses=server_addresses,
+                server_links=server_links,
+                timeout_s=launch.timeout_s,
+                device=where,
+                before_exit=sink.flush,
+                lost_ranks=f"{queue_name}-lost" if launch.tolerates_worker_loss else None,
+                stragglers=launch.stragglers,
+            )
+            try:
+                return asyncio.run(launch.program(comm, where, sink.emit))
+            finally:
+                comm.close_links()
+                sink.flush()
+                _SINKS.pop(queue_name, None)
+    finally:
+        dist.destroy_process_group()

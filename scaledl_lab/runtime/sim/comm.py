@@ -1,0 +1,245 @@
+"""The simulated runtime, a worker's side: :class:`SimComm` turns every Comm operation into a
+request to the scheduler (:mod:`.scheduler`) and resumes with its answer, in virtual time."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...errors import PeerLostError
+from ..base import Comm, Incoming, Mailbox, Pending, clone_tensors, tensor_bytes
+from .cost import allgather_bytes
+
+
+@dataclass
+class Request:
+    rank: int
+
+
+@dataclass
+class Sleep(Request):
+    until: float
+
+
+@dataclass
+class Collective(Request):
+    kind: str  # "allreduce" | "allgather" | "broadcast" | "barrier"
+    tensor: torch.Tensor | None = None
+    src: int = 0
+    group: tuple[int, ...] | None = None  # None: every worker
+
+
+@dataclass
+class Until(Request):
+    """Resume no earlier than ``until`` (the worker's own NIC finishing a send)."""
+
+    until: float
+
+
+@dataclass
+class WaitRecv(Request):
+    incoming: SimIncoming
+
+
+@dataclass
+class WaitCall(Request):
+    pending: SimCall
+
+
+class _Await:
+    """Hands a request to the scheduler and resumes with its answer."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def __await__(self) -> Generator[Request, Any, Any]:
+        return (yield self.request)
+
+
+class _SimPending(Pending):
+    def __init__(self, comm: SimComm, tensor: torch.Tensor, group: tuple[int, ...] | None) -> None:
+        self.comm, self.tensor, self.group = comm, tensor, group
+
+    async def wait(self) -> torch.Tensor:
+        await _Await(Collective(self.comm.rank, "allreduce", self.tensor, group=self.group))
+        return self.tensor
+
+
+class _SimSent(Pending):
+    def __init__(self, comm: SimComm, until: float) -> None:
+        self.comm, self.until = comm, until
+
+    async def wait(self) -> None:
+        await _Await(Until(self.comm.rank, self.until))
+
+
+# What a receive from a peer that died without sending resumes with (then raises PeerLostError).
+LOST: Any = object()
+
+
+class SimIncoming(Incoming):
+    """A posted receive; the world assigns it a message (FIFO per sender) when one is sent,
+    or marks it ``lost`` when the sender died without sending it.
+
+    ``tensor`` None (a mailbox's receive): the message itself is handed out, a private copy
+    taken when it was sent, instead of being copied into a buffer of the receiver's."""
+
+    def __init__(self, comm: SimComm, tensor: torch.Tensor | None, src: int) -> None:
+        self.comm, self.tensor, self.src = comm, tensor, src
+        self.message: tuple[float, torch.Tensor] | None = None
+        self.copied = False
+        self.lost = False
+
+    def arrive(self, at: float, tensor: torch.Tensor) -> None:
+        """The message is sent while this receive is posted: copied straight into its buffer
+        (the receiver reads it only once it has arrived, at ``at``)."""
+        if self.tensor is None:
+            self.tensor = tensor.detach().clone()
+        else:
+            self.tensor.copy_(tensor.detach())
+        self.message, self.copied = (at, self.tensor), True
+
+    def _take(self) -> torch.Tensor:
+        if not self.copied:
+            assert self.message is not None
+            if self.tensor is None:
+                self.tensor = self.message[1]  # already private: copied when it was sent
+            else:
+                self.tensor.copy_(self.message[1])
+            self.copied = True
+        assert self.tensor is not None
+        return self.tensor
+
+    def ready(self) -> bool:
+        if self.message is None or self.message[0] > self.comm.clock:
+            return False
+        self._take()
+        return True
+
+    async def wait(self) -> torch.Tensor:
+        if await _Await(WaitRecv(self.comm.rank, self)) is LOST:
+            raise PeerLostError(f"rank {self.src} died before sending", self.src)
+        return self._take()
+
+
+class SimCall(Pending):
+    """A call to a hosted server; ``reply_at``/``value`` are set when the server answers."""
+
+    def __init__(self, comm: SimComm, server: int, method: str, args: tuple[Any, ...]) -> None:
+        self.comm, self.server, self.method, self.args = comm, server, method, args
+        self.reply_at: float | None = None
+        self.reply_bytes = 0
+        self.value: Any = None
+
+    async def wait(self) -> Any:
+        return await _Await(WaitCall(self.comm.rank, self))
+
+
+class SimMailbox(Mailbox):
+    """Every message sent here is already a private copy (the simulator takes one when it is
+    sent), so each is handed out as it is: no buffer to allocate and copy it into."""
+
+    def _post(self) -> None:
+        more = self.taken < self.total
+        self._posted = self.comm.irecv(None, self.src) if more else None  # type: ignore[arg-type]
+
+
+class SimComm(Comm):
+    """:class:`Comm` of one virtual worker; time is ``clock``, advanced by the cost model."""
+
+    def __init__(self, rank: int, world: Any) -> None:  # world: the sim.SimWorld scheduling it
+        super().__init__(rank, world.world_size)
+        self.world = world
+        self.clock = 0.0
+        self.steps = 0
+        self.nic_free = 0.0  # when this worker's outgoing link finishes what it was given
+
+    def _inject(self, nbytes: int) -> tuple[float, float]:
+        """Queue ``nbytes`` on this worker's link: (departure of the first, of the last byte)."""
+        departure = max(self.clock, self.nic_free)
+        self.nic_free = departure + nbytes / self.world.cost.network.bandwidth_Bps
+        return departure, self.nic_free
+
+    def now(self) -> float:
+        return self.clock
+
+    def lost_peers(self) -> set[int]:
+        return set(self.world.dead)
+
+    @contextlib.asynccontextmanager
+    async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:
+        yield
+        cost = self.world.cost.step_time(self.rank, self.world_size, self.steps, samples) * share
+        self.steps += 1
+        await _Await(Sleep(self.rank, self.clock + cost))
+
+    @contextlib.asynccontextmanager
+    async def applying(self, nbytes: int) -> AsyncIterator[None]:
+        yield
+        cost = self.world.cost.apply_time(self.rank, self.world_size, nbytes)
+        await _Await(Sleep(self.rank, self.clock + cost))
+
+    def allreduce_start(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> Pending:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += self.world.cost.allreduce_bytes(nbytes, self.group_size(group))
+        return _SimPending(self, tensor, group)
+
+    def allreduce_bytes(self, nbytes: int, group: tuple[int, ...] | None = None) -> int:
+        return self.world.cost.allreduce_bytes(nbytes, self.group_size(group))
+
+    async def allgather(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> list[torch.Tensor]:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += allgather_bytes(nbytes, self.group_size(group))
+        return await _Await(Collective(self.rank, "allgather", tensor, group=group))
+
+    async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        if self.rank == src:
+            self.bytes_sent += tensor.numel() * tensor.element_size() * (self.world_size - 1)
+        await _Await(Collective(self.rank, "broadcast", tensor, src))
+        return tensor
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += nbytes
+        _, done = self._inject(nbytes)
+        self.world._deliver(self.rank, dst, done + self.world.cost.network.latency_s, tensor)
+        return _SimSent(self, done)
+
+    def irecv(self, tensor: torch.Tensor | None, src: int) -> Incoming:
+        incoming = SimIncoming(self, tensor, src)
+        self.world._post(self.rank, incoming)
+        return incoming
+
+    def mailbox(self, src: int, like: torch.Tensor, total: int) -> Mailbox:
+        return SimMailbox(self, src, like, total)
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.world.servers)
+
+    def call_start(self, server: int, method: str, *args: Any) -> Pending:
+        if not 0 <= server < len(self.world.servers):
+            return super().call_start(server, method, *args)
+        nbytes = tensor_bytes(args)
+        self.bytes_sent += nbytes
+        departure, _ = self._inject(nbytes)
+        call = SimCall(self, server, method, clone_tensors(args))
+        self.world._call(call, departure, nbytes)
+        return call
+
+    async def shared_tensor(self, name: str, init: torch.Tensor) -> torch.Tensor:
+        # Every virtual worker lives in this process: the first caller's copy is everyone's.
+        if name not in self.world.shared:
+            self.world.shared[name] = init.detach().clone()
+        return self.world.shared[name]
+
+    async def barrier(self) -> None:
+        await _Await(Collective(self.rank, "barrier"))

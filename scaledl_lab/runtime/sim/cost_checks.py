@@ -1,0 +1,52 @@
+"""Config checks of the cost-model fields (allreduce algorithm, network, compute profile,
+stragglers), run by :func:`scaledl_lab.config.validate` before any cluster starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cost import (
+    ALLREDUCE_ALGORITHMS,
+    DEVICES,
+    CostModelError,
+    Stragglers,
+    compute_profile,
+    network_profile,
+)
+
+
+def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
+    """Stragglers name ranks of this run (on real workers a sleep after each compute block):
+    said before any work, not found missing from the results."""
+    if not cfg.stragglers:
+        return
+    bad = sorted(r for r in stragglers.slow if not 0 <= r < cfg.workers)
+    if bad:
+        raise CostModelError(
+            f"stragglers={cfg.stragglers!r}: "
+            + (f"ranks {bad} are not workers" if len(bad) > 1 else f"rank {bad[0]} is not a worker")
+            + f" of this run (workers={cfg.workers}: ranks 0 to {cfg.workers - 1})"
+        )
+
+
+def check_config(cfg: Any) -> None:
+    """Config errors of the cost-model fields (a ConfigError naming the field)."""
+    from ...errors import ConfigError, choices
+
+    if cfg.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ConfigError(
+            f"allreduce_algorithm={cfg.allreduce_algorithm!r} is unknown; "
+            f"allowed: {choices(ALLREDUCE_ALGORITHMS)}"
+        )
+    try:
+        network_profile(cfg.network)
+        _check_stragglers(cfg, Stragglers.parse(cfg.stragglers))
+        if cfg.compute_profile not in DEVICES:
+            if not cfg.compute_profile.endswith(".json"):
+                raise CostModelError(
+                    f"compute_profile={cfg.compute_profile!r} is unknown; allowed: "
+                    f"{choices(tuple(DEVICES))} or a calibration .json file"
+                )
+            compute_profile(cfg.compute_profile, cfg.model, flops_per_sample=0)
+    except CostModelError as exc:
+        raise ConfigError(str(exc)) from None

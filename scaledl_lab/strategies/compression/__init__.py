@@ -1,0 +1,50 @@
+"""Gradient compression as small composable objects: a compressor (what is sent), a memory
+(error feedback, DGC's momentum correction) and a wire format (one byte buffer per message).
+
+What this package exports is pure tensor code. How the payloads travel in each family is in
+:mod:`.messages` (the compressed allreduce, NNT's and the parameter servers' messages) and
+:mod:`.gossip` (D-PSGD with compressed messages); the study and its report are :mod:`.study`
+and :mod:`.report`. None of those is imported here.
+"""
+
+from .compressors import (
+    DGC,
+    QSGD,
+    Compressor,
+    NoCompression,
+    OneBit,
+    TopK,
+    dgc_density,
+    qsgd_bits,
+    topk_count,
+)
+from .feedback import DGCMemory, ErrorFeedback
+from .powersgd import PowerSGD
+from .spec import CompressionSpec, check_config, momentum_correction, parse
+from .wire import Layout, Payload, layout_of, pack, payload_bytes, shard_layouts, unpack
+
+__all__ = [
+    "DGC",
+    "QSGD",
+    "CompressionSpec",
+    "Compressor",
+    "DGCMemory",
+    "ErrorFeedback",
+    "Layout",
+    "NoCompression",
+    "OneBit",
+    "Payload",
+    "PowerSGD",
+    "TopK",
+    "check_config",
+    "dgc_density",
+    "layout_of",
+    "momentum_correction",
+    "pack",
+    "parse",
+    "payload_bytes",
+    "qsgd_bits",
+    "shard_layouts",
+    "topk_count",
+    "unpack",
+]

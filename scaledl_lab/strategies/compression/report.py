@@ -1,0 +1,219 @@
+"""Reading a gradient-compression study: the accuracy table, the verdicts on the claims of the
+works the survey cites, accuracy against epochs and against bytes sent, and the study folder's
+``summary.md``. Everything here reads results tables (and the benchmark's JSON), never a cluster.
+
+Claims: Seide et al. 2014 (1-bit SGD with error feedback loses no accuracy), Lin et al. 2018
+(DGC: top-k at 270-600x with no loss), Stich et al. 2018 / Karimireddy et al. 2019 (without
+error feedback a sparsifier is measurably worse), Vogels et al. 2019 (PowerSGD rank 2 matches
+the uncompressed run; here beside torch's own hook).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from ...experiment import Results
+from ...metrics import compression_ratio
+from ...viz.plots import summary_markdown
+
+WITHIN = 0.01  # "within 1 point"
+
+
+def accuracy_table(results: Results) -> pd.DataFrame:
+    """One row per run: its compressor, error feedback, final test accuracy, the difference to
+    the uncompressed run in points, the compression ratio and the bytes sent per worker step."""
+    frame = results.frame
+    records = []
+    for cfg in results.configs:
+        run = cfg.label
+        rows = frame[frame["run"] == run]
+        train, test = rows[rows["kind"] == "train"], rows[rows["kind"] == "test"]
+        finished = bool(len(train)) and train["epoch"].max() >= cfg.epochs - 1e-9
+        records.append(
+            {
+                "run": run,
+                "compress": cfg.compress,
+                "error_feedback": cfg.error_feedback,
+                # A diverged run (loss NaN) has no final accuracy; its last evaluation is kept.
+                "diverged_after_epoch": math.nan if finished else float(test["epoch"].max()),
+                "test_accuracy": float(test.sort_values("step")["accuracy"].iloc[-1])
+                if finished
+                else math.nan,
+                "compression_ratio": compression_ratio(train),
+                # DGC warms its sparsity up over the first epoch: the ratio it reaches after.
+                "ratio_after_epoch_1": compression_ratio(train[train["epoch"] > 1]),
+                "bytes_per_step": float(train["bytes_sent"].mean()),
+            }
+        )
+    table = pd.DataFrame(records)
+    reference = table.loc[table["compress"] == "none", "test_accuracy"]
+    base = float(reference.iloc[0]) if len(reference) else math.nan
+    table["points_vs_none"] = 100 * (table["test_accuracy"] - base)
+    return table
+
+
+def _row(table: pd.DataFrame, compress: str, ef: bool) -> pd.Series | None:
+    hit = table[(table["compress"] == compress) & (table["error_feedback"] == ef)]
+    return None if hit.empty else hit.iloc[0]
+
+
+def _ef_claim(who: str, row: pd.Series) -> str:
+    if math.isnan(row["test_accuracy"]):
+        return f"{who} with error feedback diverged after epoch {row['diverged_after_epoch']:g}."
+    held = row["points_vs_none"] >= -100 * WITHIN
+    return (
+        f"{who} at ×{row['compression_ratio']:.0f} with error feedback: "
+        f"{row['points_vs_none']:+.2f} points against uncompressed — "
+        f"{'within' if held else 'not within'} 1 point."
+    )
+
+
+def _no_ef_claim(who: str, ef: pd.Series, no_ef: pd.Series) -> str:
+    if math.isnan(no_ef["test_accuracy"]):
+        return (
+            f"{who} without error feedback diverged after epoch "
+            f"{no_ef['diverged_after_epoch']:g} — measurably worse."
+        )
+    gap = 100 * (ef["test_accuracy"] - no_ef["test_accuracy"])
+    return (
+        f"{who} without error feedback: {abs(gap):.2f} points {'below' if gap >= 0 else 'above'} "
+        f"the same compressor with it — {'measurably worse' if gap > 0.5 else 'not worse'}."
+    )
+
+
+def verdicts(table: pd.DataFrame) -> list[str]:
+    """The claims against the measured table: one sentence each, numbers from the table."""
+    out = []
+    for compress, who in (("topk:0.004", "top-k"), ("onebit", "1-bit"), ("dgc:0.001", "DGC")):
+        ef, no_ef = _row(table, compress, True), _row(table, compress, False)
+        if ef is not None:
+            out.append(_ef_claim(who, ef))
+            if no_ef is not None:
+                out.append(_no_ef_claim(who, ef, no_ef))
+    return out
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def bytes_at_evaluations(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each test evaluation of each run with the bytes rank 0 had sent by then (cumulative)."""
+    out = []
+    for run, rows in frame.groupby("run", sort=False):
+        train = rows[(rows["kind"] == "train") & (rows["rank"] == 0)].sort_values("step")
+        sent = train.set_index("step")["bytes_sent"].cumsum()
+        for _, test in rows[rows["kind"] == "test"].iterrows():
+            before = sent[sent.index <= test["step"]]
+            out.append(
+                {
+                    "run": run,
+                    "epoch": test["epoch"],
+                    "accuracy": test["accuracy"],
+                    "bytes_sent": float(before.iloc[-1]) if len(before) else 0.0,
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def plot_accuracy(frame: pd.DataFrame, x: str = "epoch", ax: Axes | None = None) -> Figure:
+    """Test accuracy of every run against epochs or against the bytes sent (log scale, from
+    the first evaluation after training started)."""
+    if ax is None:
+        fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+        ax = fig.add_subplot()
+    points = bytes_at_evaluations(frame)
+    if x == "bytes_sent":
+        points = points[points["bytes_sent"] > 0]
+    for i, (run, rows) in enumerate(points.groupby("run", sort=False)):
+        style = "--" if run.endswith("no EF") else "-"
+        ax.plot(rows[x], rows["accuracy"], style, marker="o", ms=3, label=run, color=f"C{i}")
+    if x == "bytes_sent":
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes sent by one worker (cumulative)")
+    else:
+        ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    return ax.figure  # type: ignore[return-value]
+
+
+def save_figures(results: Results, out: str | os.PathLike[str]) -> list[Path]:
+    """accuracy_vs_epoch and accuracy_vs_bytes, one legend beside both."""
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2, sharey=True)
+    plot_accuracy(results.frame, "epoch", left)
+    plot_accuracy(results.frame, "bytes_sent", right)
+    left.set_title("test accuracy by epoch")
+    right.set_title("test accuracy by bytes sent")
+    right.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    path = Path(out) / "compression_accuracy.png"
+    fig.savefig(path, dpi=100)
+    return [path]
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    cols = list(table.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in table.itertuples(index=False):
+        cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """summary.md and compression_accuracy.png of a study folder: the standard table, the
+    accuracy table and the verdicts, time per step by network (``step_times.csv``), PowerSGD
+    beside torch's hook and encode + decode beside the backward pass (``powersgd_vs_torch.json``
+    and ``encode_decode.json``, from ``benchmarks/bench_compression.py --out``) when there."""
+    out = Path(out)
+    results = Results.load(out)
+    table = accuracy_table(results)
+    text = "# Gradient compression study\n\n" + summary_markdown(results.frame)
+    text += "\n## Accuracy after equal epochs\n\n" + _markdown(table.round(4))
+    text += "\n" + "\n".join(f"- {v}" for v in verdicts(table)) + "\n"
+    path = out / "step_times.csv"
+    if path.exists():
+        measured = pd.read_csv(path)
+        steps = measured.pivot(index="compress", columns="network", values="step_ms")
+        text += f"\n## Time per step (ms, simulated, {measured['workers'].iloc[0]} workers)\n\n"
+        text += _markdown(steps.reset_index().round(3))
+    path = out / "powersgd_vs_torch.json"
+    if path.exists():
+        body = json.loads(path.read_text())
+        setting = body.pop("setting")
+        rows = pd.DataFrame([{"run": k, **v} for k, v in body.items()])
+        text += f"\n## PowerSGD beside torch's powerSGD_hook ({setting})\n\n" + _markdown(rows)
+    path = out / "encode_decode.json"
+    if path.exists():
+        text += "\n## Encode + decode beside the backward pass\n\n" + encode_decode_markdown(path)
+    (out / "summary.md").write_text(text)
+    save_figures(results, out)
+    return text
+
+
+def encode_decode_table(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """``encode_decode.json`` (bench_compression.py --out): per compressor its encode and
+    decode seconds, bytes, and (encode + decode) over the model's backward pass."""
+    body = json.loads(Path(path).read_text())
+    table = pd.DataFrame(body.pop("rows"))
+    table["of_backward"] = (table["encode_s"] + table["decode_s"]) / body["backward_s"]
+    return table, body
+
+
+def encode_decode_markdown(path: str | os.PathLike[str]) -> str:
+    table, meta = encode_decode_table(path)
+    return (
+        f"ResNet-18 ({meta['parameters']:,} parameters), backward at batch 128 on "
+        f"{meta['threads']} threads: {meta['backward_s'] * 1e3:.0f} ms\n\n" + _markdown(table)
+    )

@@ -1,0 +1,233 @@
+"""The large-batch claims (Goyal et al. 2017; Smith et al. 2017; Keskar et al. 2016), each
+decided on measured tables by a stated rule, and the figures that show them, each titled with
+the claim and whether our run supports it. Every number in a title comes from the tables."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ...training.schedule import StepPlan
+
+GAP_POINTS = 2.0  # "loses accuracy": at least this many points of test accuracy
+RECOVERED = 0.5  # "recovers": at least this share of the gap
+MATCH_POINTS = 1.0  # "matches": within this many points
+FEWER_UPDATES = 2.0  # "far fewer updates": by at least this factor
+SHARPER = 1.1  # "sharper": the top eigenvalue and ε-sharpness both at least 10% larger
+COLOURS = {"small": "#4C72B0", "naive": "#C44E52", "scaled": "#8172B2", "warmup": "#55A868",
+           "lars": "#DD8452", "decay": "#4C72B0", "grow": "#55A868"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    claim: str
+    measured: str
+    supported: bool
+
+    @property
+    def verdict(self) -> str:
+        return "supported" if self.supported else "not supported"
+
+    @property
+    def title(self) -> str:
+        text = f"{self.claim} — our run: {self.verdict.upper()} ({self.measured})"
+        return "\n".join(textwrap.wrap(text, 95))
+
+
+def _run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
+    return frame[frame["run"] == run]
+
+
+def test_curve(frame: pd.DataFrame, run: str) -> pd.DataFrame:
+    """A run's test evaluations (epoch, step, accuracy, loss), in order."""
+    rows = _run(frame, run)
+    return rows[rows["kind"] == "test"].sort_values(["step", "epoch"])
+
+
+def final_accuracy(frame: pd.DataFrame, run: str) -> float:
+    """The last test accuracy of ``run`` (NaN if it never finished an epoch)."""
+    curve = test_curve(frame, run)
+    return float(curve["accuracy"].iloc[-1]) if len(curve) else math.nan
+
+
+def updates(frame: pd.DataFrame, run: str) -> int:
+    """Parameter updates ``run`` made: rank 0's train rows."""
+    rows = _run(frame, run)
+    return int(((rows["kind"] == "train") & (rows["rank"] == 0)).sum())
+
+
+def schedule_frame(cfg: Any, shard_len: int) -> pd.DataFrame:
+    """Every step's epoch, learning rate and effective batch, from the config alone."""
+    plan = StepPlan.build(cfg, shard_len)
+    steps = range(plan.total_steps)
+    return pd.DataFrame({
+        "step": list(steps), "epoch": [plan.progress(s) for s in steps],
+        "lr": [plan.lr(s) for s in steps],
+        "effective_batch_size": [plan.effective_batch(s) for s in steps],
+    })  # fmt: skip
+
+
+def verdicts(
+    frame: pd.DataFrame, sharp: pd.DataFrame, roles: dict[str, str], diverged: dict[str, str]
+) -> dict[str, Claim]:
+    """Each claim decided on the tables. ``roles`` names the runs: small, naive, scaled (linear,
+    no warmup), warmup (linear + warmup), lars, decay (step LR), grow (batch schedule)."""
+    acc = {role: final_accuracy(frame, run) for role, run in roles.items()}
+    gap = 100 * (acc["small"] - acc["naive"])
+    claims = {
+        "gap": Claim(
+            "gap",
+            f"A naive large batch loses ≥ {GAP_POINTS:g} points of test accuracy at equal epochs",
+            f"batch {_batch(frame, roles['small'])}: {acc['small']:.1%}, batch "
+            f"{_batch(frame, roles['naive'])}: {acc['naive']:.1%}, {gap:.1f} points",
+            gap >= GAP_POINTS,
+        )
+    }
+    recovered = 100 * (acc["warmup"] - acc["naive"]) / gap if gap > 0 else math.nan  # a share
+    scaled = (
+        "diverged without warmup"
+        if roles["scaled"] in diverged
+        else f"{acc['scaled']:.1%} without warmup"
+    )
+    claims["warmup"] = Claim(
+        "warmup",
+        f"Linear scaling with warmup recovers ≥ {RECOVERED:.0%} of that gap (Goyal et al. 2017)",
+        f"{acc['warmup']:.1%} with warmup, {recovered:.0%} of the gap; {scaled}",
+        gap > 0 and recovered >= RECOVERED,
+    )
+    fewer = updates(frame, roles["decay"]) / max(1, updates(frame, roles["grow"]))
+    diff = 100 * (acc["grow"] - acc["decay"])
+    claims["smith"] = Claim(
+        "smith",
+        f"Growing the batch matches decaying the LR within {MATCH_POINTS:g} point with "
+        f"≥ {FEWER_UPDATES:g}× fewer updates (Smith et al. 2017)",
+        f"{acc['grow']:.1%} vs {acc['decay']:.1%} ({diff:+.1f} points), {fewer:.1f}× fewer updates",
+        abs(diff) <= MATCH_POINTS and fewer >= FEWER_UPDATES,
+    )
+    s = sharp.set_index("run")
+    small, large = s.loc[roles["small"]], s.loc[roles["naive"]]
+    eig = large["top_eigenvalue"] / small["top_eigenvalue"]
+    eps = large["epsilon_sharpness"] / small["epsilon_sharpness"]
+    claims["sharp"] = Claim(
+        "sharp",
+        "Large-batch training converges to sharper minima (Keskar et al. 2016): both measures "
+        f"≥ {SHARPER:g}×",
+        f"top Hessian eigenvalue ×{eig:.2f}, ε-sharpness ×{eps:.2f} for the large batch",
+        eig >= SHARPER and eps >= SHARPER,
+    )
+    return claims
+
+
+def _batch(frame: pd.DataFrame, run: str) -> int:
+    rows = _run(frame, run)
+    return int(rows.loc[rows["kind"] == "train", "effective_batch_size"].iloc[0])
+
+
+def _label(frame: pd.DataFrame, run: str, diverged: dict[str, str]) -> str:
+    return f"{run} (diverged)" if run in diverged else run
+
+
+def plot_accuracy(
+    frame: pd.DataFrame,
+    runs: dict[str, str],
+    ax: Any,
+    *,
+    x: str = "epoch",
+    diverged: dict[str, str] | None = None,
+) -> Any:
+    """Test accuracy against ``x`` ("epoch" or "step": updates) for the runs, by role."""
+    for role, run in runs.items():
+        curve = test_curve(frame, run)
+        ax.plot(curve[x], 100 * curve["accuracy"], marker="o", ms=3,
+                color=COLOURS.get(role), label=_label(frame, run, diverged or {}))  # fmt: skip
+    ax.set_xlabel("epoch" if x == "epoch" else "parameter updates")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return ax
+
+
+def figure_accuracy(
+    frame: pd.DataFrame,
+    runs: dict[str, str],
+    claim: Claim,
+    diverged: dict[str, str],
+    *,
+    by_updates: bool = False,
+) -> Any:
+    """Test accuracy against epochs (and against updates), titled with the claim."""
+    panels = 2 if by_updates else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
+    plot_accuracy(frame, runs, axes[0][0], diverged=diverged)
+    if by_updates:
+        plot_accuracy(frame, runs, axes[0][1], x="step", diverged=diverged)
+    low = min(100 * test_curve(frame, r)["accuracy"].iloc[1:].min() for r in runs.values()
+              if len(test_curve(frame, r)) > 1)  # fmt: skip
+    for ax in axes[0]:
+        ax.set_ylim(max(0, low - 2), None)  # the untrained first point would flatten the rest
+    fig.suptitle(claim.title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_slice(line: pd.DataFrame, run_a: str, run_b: str, ax: Any = None) -> Any:
+    """Train and test loss along θ(α) = (1−α)·θ_a + α·θ_b."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(line["alpha"], line["train_loss"], color="#4C72B0", label="train loss")
+    ax.plot(line["alpha"], line["test_loss"], color="#C44E52", ls="--", label="test loss")
+    for alpha, name in ((0.0, run_a), (1.0, run_b)):
+        ax.axvline(alpha, color="grey", lw=0.8)
+        ax.text(alpha, 0.02, f" {name}", transform=ax.get_xaxis_transform(), fontsize=8,
+                rotation=90, va="bottom")  # fmt: skip
+    ax.set_xlabel("α  (0: small-batch minimum, 1: large-batch minimum)")
+    ax.set_ylabel("cross-entropy")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", fontsize=8)
+    return ax
+
+
+def figure_sharpness(sharp: pd.DataFrame, line: pd.DataFrame, roles: dict[str, str],
+                     claim: Claim) -> Any:  # fmt: skip
+    """Top eigenvalue and ε-sharpness of the small- and large-batch minima; the loss between."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    runs = [roles["small"], roles["naive"]]
+    table = sharp.set_index("run").loc[runs]
+    colours = [COLOURS["small"], COLOURS["naive"]]
+    for ax, column, name in ((axes[0], "top_eigenvalue", "top Hessian eigenvalue"),
+                             (axes[1], "epsilon_sharpness", "ε-sharpness (%)")):  # fmt: skip
+        ax.bar(runs, table[column], color=colours)
+        ax.set_ylabel(name)
+        for i, value in enumerate(table[column]):
+            ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom", fontsize=8)
+    plot_slice(line, *runs, ax=axes[2])
+    fig.suptitle(claim.title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def figure_schedules(schedules: dict[str, pd.DataFrame]) -> Any:
+    """Learning rate and effective batch per epoch of each schedule (what the config implies)."""
+    fig, (lr_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 3.6))
+    for (name, table), style in zip(schedules.items(), ("-", "--", "-.", ":") * 3, strict=False):
+        lr_ax.plot(table["epoch"], table["lr"], ls=style, lw=2, label=name)
+        batch_ax.plot(table["epoch"], table["effective_batch_size"], ls=style, lw=2, label=name)
+    lr_ax.set_ylabel("learning rate (log scale)")
+    batch_ax.set_ylabel("effective batch (log scale)")
+    lr_ax.set_yscale("log")
+    batch_ax.set_yscale("log")
+    for ax in (lr_ax, batch_ax):
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("The schedules: rate and batch of every step, computed from the configs alone",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,228 @@
+"""Splitting a model for model parallelism: its ordered layers, and how many go to each stage.
+
+Every model of the lab is an ordered list of layers (``layers``) whose composition is the
+model's forward pass, so a pipeline stage is a contiguous run of them (torchgpipe's
+``nn.Sequential`` view). ``balance`` chooses the runs: given counts (``"2,3,1"``), equal
+parameter counts (``"params"``) or equal measured time (``"time"``, as torchgpipe's
+balance-by-time), both by the linear-partition dynamic programme that minimises the largest
+stage. ``boundary_shapes`` is the dry run that gives every stage its receive-buffer shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...contract import MODEL_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
+from ...data import sample_shape
+from ...errors import ConfigError, choices
+from ...models import CNN, CNN1D, MLP, PreActResNet, build_model
+
+BALANCES = ("params", "time")  # or explicit counts "2,3,1"
+
+
+class _BNReLU(nn.Module):
+    """ResNet's final pre-activation, relu(bn(x)), as a layer of its own."""
+
+    def __init__(self, bn: nn.BatchNorm2d) -> None:
+        super().__init__()
+        self.bn = bn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(x))
+
+
+def layers(model: nn.Module) -> list[nn.Module]:
+    """The model's ordered layers (sharing its parameters); in turn they are its forward."""
+    if isinstance(model, (MLP, CNN1D)):
+        return list(model.net)
+    if isinstance(model, CNN):
+        return list(model.features) + list(model.classifier)
+    if isinstance(model, PreActResNet):
+        return [model.stem, *model.layers, _BNReLU(model.bn), model.pool, nn.Flatten(), model.fc]
+    raise TypeError(f"no layer list for {type(model).__name__}")
+
+
+@functools.lru_cache(maxsize=16)
+def layer_count(model: str, input_shape: tuple[int, ...], num_classes: int = 10) -> int:
+    return len(layers(build_model(model, input_shape, num_classes, seed=0)))
+
+
+def parameter_names(model: nn.Module, owned: Sequence[nn.Module]) -> list[str]:
+    """Names (in ``model.state_dict()``) of the parameters and buffers the ``owned`` layers hold."""
+    ids = {id(t) for layer in owned for t in [*layer.parameters(), *layer.buffers()]}
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return [name for name, t in named if id(t) in ids]
+
+
+def split_evenly(weights: Sequence[float], parts: int) -> list[int]:
+    """Counts of contiguous, non-empty runs of ``weights`` whose largest sum is smallest
+    (ties: the smallest sum of squares, i.e. the most even; then the earliest boundaries)."""
+    n = len(weights)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot split {n} layers into {parts} non-empty stages")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + float(w))
+    inf = (float("inf"), float("inf"))
+    # best[k][i]: (largest run, sum of squared runs) over the first i layers cut into k runs.
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = (0.0, 0.0)
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                run = prefix[i] - prefix[j]
+                cost = (max(best[k - 1][j][0], run), best[k - 1][j][1] + run * run)
+                if cost < best[k][i]:
+                    best[k][i], cut[k][i] = cost, j
+    counts, i = [], n
+    for k in range(parts, 0, -1):
+        counts.append(i - cut[k][i])
+        i = cut[k][i]
+    return counts[::-1]
+
+
+def parse_balance(balance: str, layer_total: int, stages: int) -> list[int] | None:
+    """Explicit counts ``"2,3,1"`` checked against the model, or None for a named rule."""
+    if balance in BALANCES:
+        if stages > layer_total:
+            raise ConfigError(
+                f"stages={stages} exceeds the model's {layer_total} layers: every stage needs one"
+            )
+        return None
+    try:
+        counts = [int(c) for c in balance.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"balance={balance!r} is unknown; allowed: 'params', 'time' or layer counts per "
+            "stage such as '2,3,1'"
+        ) from None
+    if len(counts) != stages or sum(counts) != layer_total or min(counts) < 1:
+        raise ConfigError(
+            f"balance={balance!r} must give {stages} positive layer counts (one per stage) "
+            f"summing to the model's {layer_total} layers"
+        )
+    return counts
+
+
+def measure_layer_times(
+    model_layers: Sequence[nn.Module], sample: torch.Tensor, repeats: int = 3
+) -> list[float]:
+    """Median seconds of forward + backward of each layer on ``sample`` (balance by time)."""
+    times = []
+    x = sample
+    for layer in model_layers:
+        runs = []
+        for _ in range(repeats):
+            inp = x.detach().requires_grad_(x.is_floating_point())
+            start = time.perf_counter()
+            out = layer(inp)
+            out.backward(torch.ones_like(out))
+            runs.append(time.perf_counter() - start)
+        layer.zero_grad(set_to_none=True)
+        times.append(sorted(runs)[len(runs) // 2])
+        with torch.no_grad():
+            x = layer(x)
+    return times
+
+
+def stage_counts(
+    balance: str,
+    model_layers: Sequence[nn.Module],
+    stages: int,
+    sample: torch.Tensor | None = None,
+) -> list[int]:
+    """Layers per stage under ``balance`` (``sample``: a micro-batch, for ``"time"``)."""
+    explicit = parse_balance(balance, len(model_layers), stages)
+    if explicit is not None:
+        return explicit
+    if balance == "params":
+        weights = [sum(p.numel() for p in layer.parameters()) for layer in model_layers]
+    else:
+        if sample is None:
+            raise ValueError("balance='time' needs a sample micro-batch to time the layers on")
+        weights = measure_layer_times(model_layers, sample)
+    return split_evenly(weights, stages)
+
+
+def boundary_shapes(model_layers: Sequence[nn.Module], sample: torch.Tensor) -> list[torch.Size]:
+    """The activation shape after every layer for ``sample`` (eval mode: no statistic moves)."""
+    shapes = []
+    modes = [layer.training for layer in model_layers]
+    try:
+        with torch.no_grad():
+            x = sample
+            for layer in model_layers:
+                layer.eval()
+                x = layer(x)
+                shapes.append(x.shape)
+    finally:
+        for layer, mode in zip(model_layers, modes, strict=True):
+            layer.train(mode)
+    return shapes
+
+
+def check_model_parallel(cfg: Any) -> None:
+    """Config errors of the model-parallel strategies (stages, micro-batches, balance,
+    tensor-parallel degree), each one line naming the field, before any cluster starts."""
+    name = cfg.strategy
+    if name not in PIPELINE_STRATEGIES:
+        for option, default in (("stages", None), ("micro_batches", 1), ("recompute", False)):
+            if getattr(cfg, option) != default:
+                raise ConfigError(
+                    f"{option}={getattr(cfg, option)!r} applies only to the pipeline strategies "
+                    f"({choices(PIPELINE_STRATEGIES)}), not to strategy={name!r}"
+                )
+    if name not in MODEL_PARALLEL_STRATEGIES:
+        return
+    if cfg.workers < 2:
+        raise ConfigError(
+            f"strategy={name!r} splits the model over workers, but workers=1; use at least 2 "
+            "(or strategy='allreduce' for one worker)"
+        )
+    if cfg.stages is not None and (not isinstance(cfg.stages, int) or cfg.stages < 2):
+        raise ConfigError(f"stages={cfg.stages!r} must be an integer of at least 2")
+    if cfg.workers % cfg.model_parallel_size:
+        raise ConfigError(
+            f"workers={cfg.workers} is not divisible by stages={cfg.stages}: every pipeline "
+            "replica needs one worker per stage"
+        )
+    if not isinstance(cfg.micro_batches, int) or cfg.micro_batches < 1:
+        raise ConfigError(f"micro_batches={cfg.micro_batches!r} must be a positive integer")
+    if name == "model-parallel" and cfg.micro_batches != 1:
+        raise ConfigError(
+            f"micro_batches={cfg.micro_batches} does not apply to the naive split "
+            "(strategy='model-parallel' runs one micro-batch); use strategy='gpipe' or '1f1b'"
+        )
+    if name == "model-parallel" and cfg.recompute:
+        raise ConfigError("recompute=True applies to 'gpipe' and '1f1b', not 'model-parallel'")
+    if cfg.batch_size % cfg.micro_batches:
+        raise ConfigError(
+            f"micro_batches={cfg.micro_batches} does not divide the per-replica "
+            f"batch_size={cfg.batch_size}; choose a divisor of {cfg.batch_size}"
+        )
+    _check_split(cfg, sample_shape(cfg.dataset))
+
+
+def _check_split(cfg: Any, input_shape: tuple[int, ...]) -> None:
+    if cfg.strategy in PIPELINE_STRATEGIES:
+        stages = cfg.model_parallel_size
+        parse_balance(cfg.balance, layer_count(cfg.model, input_shape), stages)
+    elif cfg.strategy == "tensor-parallel":
+        if cfg.model != "mlp":
+            raise ConfigError(
+                f"tensor-parallel splits the MLP's hidden layers; model={cfg.model!r} is not "
+                "supported, use model='mlp'"
+            )
+        hidden = MLP(1, 1).net[1].out_features
+        if hidden % cfg.workers:
+            raise ConfigError(
+                f"the tensor-parallel degree workers={cfg.workers} does not divide the MLP's "
+                f"hidden width {hidden}; choose a divisor of {hidden}"
+            )

@@ -1,0 +1,260 @@
+"""The paper's claims, each decided on measured tables (see :mod:`scaledl_lab.analysis`).
+
+:func:`verdicts` reads the comparison table (:func:`scaledl_lab.analysis.comparison_table`) and
+the traffic sweep (:func:`scaledl_lab.analysis.traffic_table`) and marks every claim
+**supported** or **not supported** by a stated rule, or **inconclusive** where the measured
+difference lies inside the spread over seeds. Runs that differ only in their seed (names ending
+" · seed N") are one method, reported as mean ± standard deviation; variants that differ only in
+their learning rate (" · lr×F") are one method whose rate is chosen on validation
+(:func:`by_method`). Every number in its text comes from the tables or from the configs they
+record (topology, straggler setting), never typed in. Each verdict opens with the claim as the
+project's account of the paper (``docs/PAPER.md``) states it, quoted from :data:`QUOTES`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+from ..runtime.sim.cost import Stragglers
+from ..topology import diameter
+
+MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
+ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many points
+# "Constant in N": within this fraction across N; "grows with N": by at least (1 − it) × N's growth.
+TRAFFIC_TOLERANCE = 0.05
+RATE_KEPT = 0.9  # "not coupled": the other workers keep this fraction of their step rate
+
+# Each claim as PAPER.md states it, quoted verbatim (its line breaks read as spaces), by the key
+# :func:`verdicts` files the claim's verdict under. The paper's own figures are not available:
+# these are the sentences the measurements answer.
+QUOTES: dict[str, str] = {
+    "accuracy": "preliminary convergence/scalability results against the distributed training "
+    "tools of a mainstream framework (MXNet parameter server, `dist_sync` and `dist_async`)",
+    "traffic": "Communication per worker stays constant as the cluster grows",
+    "time": "These limit scaling, couple every worker to the slowest one, and force huge "
+    "effective batches.",
+    "straggler": "The worker never waits for its neighbours: it drains what has arrived and "
+    "carries on with its next local batch",
+    "staleness": "staleness slows or destabilises convergence unless compensated "
+    "(staleness-aware LR, delay compensation)",
+    "topology": "information still diffuses across the whole topology over a few steps",
+}
+
+
+def quoted(claim: str, line: str) -> str:
+    """The verdict ``line`` ("- <what is tested>: <verdict> — <numbers>") of ``claim`` (a key
+    of :data:`QUOTES`), opened by the paper's words."""
+    return f"- *“{QUOTES[claim]}”* (PAPER.md) — {line.removeprefix('- ')}"
+
+
+SEED = re.compile(r" · seed \d+$")
+LR_VARIANT = re.compile(r" · lr×[^ ]+")
+ACCURACIES = ("test_acc_best_worker", "test_acc_spread", "val_acc_best_worker")
+MEANS = ("time_per_epoch_s", "straggler_slowdown", "staleness", "speedup_vs_1_worker")
+
+
+def _mark(ok: bool) -> str:
+    return "**supported**" if ok else "**not supported**"
+
+
+def decide(holds: bool, distance: float, spread: float) -> str:
+    """The verdict on a claim: **inconclusive** when the measured difference is within the
+    seed ``spread`` of the claim's threshold (``distance``: how far it lies from it), else
+    **supported** or **not supported** as ``holds`` says. One seed has no spread (0 or NaN)."""
+    if spread > 0 and abs(distance) <= spread:
+        return "**inconclusive**"
+    return _mark(holds)
+
+
+def by_method(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per method: runs that differ only in their seed averaged (``seeds``, and the
+    standard deviation of each accuracy in ``<column>_sd``); among variants that differ only in
+    their learning rate, the one with the best mean validation accuracy of its best worker."""
+    table = table.copy()
+    table["method"] = table["run"].str.replace(SEED, "", regex=True)
+    groups = table.groupby("method", sort=False)
+    out = table.loc[[rows.index[0] for _, rows in groups]].reset_index(drop=True)
+    out["run"], out["seeds"] = out["method"], [len(rows) for _, rows in groups]
+    for col in (c for c in ACCURACIES + MEANS if c in table):
+        out[col] = [rows[col].mean() for _, rows in groups]
+        if col in ACCURACIES:
+            out[f"{col}_sd"] = [
+                rows[col].std(ddof=1) if len(rows) > 1 else 0.0 for _, rows in groups
+            ]
+    if "val_acc_best_worker" in out and out["run"].str.contains(LR_VARIANT).any():
+        out["family"] = out["run"].str.replace(LR_VARIANT, "", regex=True)
+        best = out.groupby("family", sort=False)["val_acc_best_worker"].idxmax()
+        out = out.loc[sorted(best)].reset_index(drop=True)
+    return out
+
+
+def _acc(row: pd.Series, col: str = "test_acc_best_worker") -> str:
+    """An accuracy, with ± its standard deviation over seeds where there are several."""
+    seeds = int(row.get("seeds", 1))
+    sd = f" ± {100 * row[f'{col}_sd']:.1f}" if seeds > 1 else ""
+    return f"{row[col]:.2%}{sd}"
+
+
+def _sd(*rows: pd.Series, col: str = "test_acc_best_worker") -> float:
+    """The seed spread of a difference between ``rows``, in points: the sum of their sds."""
+    return sum(100 * float(r.get(f"{col}_sd", 0.0) or 0.0) for r in rows)
+
+
+def _behind(points: float, other: str) -> str:
+    """``points`` (>0: behind) as words: "3.1 points behind X", "0.4 points ahead of X"."""
+    if round(points, 1) == 0:
+        return f"level with {other}"
+    return f"{abs(points):.1f} points {'behind' if points > 0 else 'ahead of'} {other}"
+
+
+def _mib(values: pd.Series) -> str:
+    return ", ".join(f"{v / 2**20:.2f}" for v in values) + " MiB"
+
+
+def _ns(workers: pd.Series) -> str:
+    return ", ".join(str(int(n)) for n in workers)
+
+
+def _slow_ranks(spec: str) -> str:
+    """The straggler setting in words: "rank 5 4× slower"."""
+    slow = Stragglers.parse(spec).slow
+    if not slow:
+        return f"stragglers {spec}"
+    return ", ".join(f"rank {r} {f:g}× slower" for r, f in sorted(slow.items()))
+
+
+def _pick(frame: pd.DataFrame, strategy: str, topology: str = "") -> pd.Series | None:
+    hits = frame[frame["strategy"] == strategy]
+    hits = hits[hits["topology"].fillna("").str.startswith(topology)]
+    return hits.iloc[0] if len(hits) else None
+
+
+def _traffic_verdict(traffic: pd.DataFrame) -> str | None:
+    """Constant per NNT worker, growing with N at a server: decided on the sweep's rows."""
+    nnt = traffic[traffic["strategy"].str.startswith("nnt")].sort_values(["method", "workers"])
+    ps = traffic[traffic["servers"] > 0].sort_values("workers")
+    if nnt.empty or ps["workers"].nunique() < 2:
+        return None
+    parts, flat = [], True
+    for method, rows in nnt.groupby("method", sort=False):
+        sent = rows["bytes_per_worker_step"]
+        flat &= bool(sent.max() <= (1 + TRAFFIC_TOLERANCE) * sent.min())
+        grads = (sent / rows["model_bytes"]).mean()
+        per = f" ({grads:.0f} gradients, one per neighbour)" if math.isfinite(grads) else ""
+        parts.append(f"{method} {_mib(sent)} at N = {_ns(rows['workers'])}{per}")
+    lo, hi = ps.iloc[0], ps.iloc[-1]
+    growth = hi["server_bytes_per_round"] / lo["server_bytes_per_round"]
+    more = hi["workers"] / lo["workers"]
+    grows = bool(growth >= (1 - TRAFFIC_TOLERANCE) * more)
+    return (
+        f"- NNT's traffic per worker stays constant as the workers grow (within "
+        f"{TRAFFIC_TOLERANCE:.0%}), while a parameter server's grows with them: "
+        f"{_mark(flat and grows)} — bytes a worker sends per step: {'; '.join(parts)}; the "
+        f"busiest server moves {_mib(ps['server_bytes_per_round'])} per round at N = "
+        f"{_ns(ps['workers'])} (×{growth:.1f} for ×{more:g} workers; simulated, "
+        f"{int(hi['servers'])} server{'s' if hi['servers'] > 1 else ''})."
+    )
+
+
+def _straggler_verdict(
+    strag: pd.DataFrame, s_sync: pd.Series, s_nnt: pd.Series, s_async: pd.Series | None
+) -> str:
+    """Decided on the other workers' step rates where the table has them (FAST's claim: a
+    worker never waits for a slow neighbour), else on the run's time per epoch."""
+    slow, kept = "straggler_slowdown", "others_rate_kept"
+    who = _slow_ranks(s_nnt["stragglers"])
+    also = f", ×{s_async[slow]:.2f} for async PS" if s_async is not None else ""
+    times = f"×{s_sync[slow]:.2f} as long for allreduce, ×{s_nnt[slow]:.2f} for NNT torus{also}"
+    if kept in s_nnt and not math.isnan(s_nnt[kept]):
+        nnt = strag[(strag["strategy"] == "nnt") & strag["topology"].fillna("").str.startswith(
+            "torus")]  # fmt: skip
+        variants = ", ".join(
+            f"{r[kept]:.1%} with {r['run']}" for _, r in nnt.iterrows() if r["run"] != s_nnt["run"]
+        )
+        ok = s_nnt[kept] >= RATE_KEPT
+        return (
+            f"- NNT is not coupled to the slowest worker the way synchronous SGD is (the other "
+            f"workers keep at least {RATE_KEPT:.0%} of their step rate): {_mark(ok)} — with "
+            f"{who}, the others keep {s_nnt[kept]:.1%} of their step rate with NNT torus"
+            + (f" ({variants})" if variants else "")
+            + f", {s_sync[kept]:.1%} with allreduce; an epoch of the whole run (until its "
+            f"slowest worker is done) takes {times}."
+        )
+    ok = s_nnt[slow] < (1 - MARGIN) * s_sync[slow]
+    return (
+        f"- NNT is not coupled to the slowest worker the way synchronous SGD is: {_mark(ok)} "
+        f"— with {who}, an epoch takes {times}."
+    )
+
+
+def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[str]:
+    """The paper's claims, each marked supported or not by the measured tables: ``table`` as
+    :func:`.reproduce.paper_table` builds it (simulated runs decide), ``traffic`` as
+    :func:`.reproduce.traffic_summary` does. A claim whose runs are missing is left out; every
+    number in the text comes from the tables or the configs they record."""
+    sim = table[(table["runtime"] == "sim") & ~table["straggler"]]
+    strag = table[table["straggler"]]
+    out = []
+    sim, strag = by_method(sim), by_method(strag)
+    sync, ps_sync, ps_async = (_pick(sim, s) for s in ("allreduce", "ps-sync", "ps-async"))
+    nnt_t, nnt_r = _pick(sim, "nnt", "torus"), _pick(sim, "nnt", "ring")
+    acc = "test_acc_best_worker"
+    if sync is not None and nnt_t is not None:
+        gap = 100 * (sync[acc] - nnt_t[acc])
+        mark = decide(gap <= ACC_POINTS, gap - ACC_POINTS, _sd(sync, nnt_t))
+        out.append(
+            quoted(
+                "accuracy",
+                f"- NNT reaches the accuracy of synchronous SGD (best worker within {ACC_POINTS:g} "
+                f"points, same epochs): {mark} — torus {_acc(nnt_t)}, "
+                f"{_behind(gap, 'allreduce')} ({_acc(sync)}).",
+            )
+        )
+    if traffic is not None and (line := _traffic_verdict(traffic)) is not None:
+        out.append(quoted("traffic", line))
+    if sync is not None and nnt_t is not None and ps_sync is not None:
+        t = "time_per_epoch_s"
+        faster = nnt_t[t] < (1 - MARGIN) * min(sync[t], ps_sync[t])
+        out.append(
+            quoted(
+                "time",
+                f"- NNT trains faster per epoch than the global patterns (by more than "
+                f"{MARGIN:.0%}): {_mark(faster)} — time per epoch NNT torus {nnt_t[t]:.2f} s, "
+                f"allreduce {sync[t]:.2f} s, PS sync {ps_sync[t]:.2f} s (simulated, "
+                f"{int(nnt_t['workers'])} workers, steady state).",
+            )
+        )
+    s_sync, s_async = _pick(strag, "allreduce"), _pick(strag, "ps-async")
+    s_nnt = _pick(strag, "nnt", "torus")
+    if s_sync is not None and s_nnt is not None:
+        out.append(quoted("straggler", _straggler_verdict(strag, s_sync, s_nnt, s_async)))
+    if ps_async is not None and sync is not None:
+        gap = 100 * (sync[acc] - ps_async[acc])
+        out.append(
+            quoted(
+                "staleness",
+                f"- Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in "
+                f"accuracy: {decide(gap > 0, gap, _sd(sync, ps_async))} — {_acc(ps_async)}, "
+                f"{_behind(gap, 'synchronous allreduce')} ({_acc(sync)}).",
+            )
+        )
+    if nnt_r is not None and nnt_t is not None:
+        n = int(nnt_t["workers"])
+        d_t = diameter(nnt_t["topology"], n)
+        d_r = diameter(nnt_r["topology"], int(nnt_r["workers"]))
+        spread_t, spread_r = 100 * nnt_t["test_acc_spread"], 100 * nnt_r["test_acc_spread"]
+        sd = _sd(nnt_t, nnt_r, col="test_acc_spread")
+        out.append(
+            quoted(
+                "topology",
+                f"- Information crosses the torus in fewer hops than the ring (diameter {d_t} vs "
+                f"{d_r} at {n} workers), so NNT's workers agree more on the torus: "
+                f"{decide(spread_t < spread_r, spread_t - spread_r, sd)} — spread of the workers' "
+                f"test accuracies {spread_t:.1f} vs {spread_r:.1f} points; best worker "
+                f"{_acc(nnt_t)} vs {_acc(nnt_r)}.",
+            )
+        )
+    return out

@@ -1,0 +1,101 @@
+"""Runs a student can trust: each strategy family's default optimiser, and a warning for a run
+that ends near chance or whose loss explodes, naming the likely cause.
+
+One SGD setting does not suit every family. NNT applies 1 + degree gradients per step with its
+local optimiser (the paper's runs used AdaGrad 0.01, weight decay 1e-4); an asynchronous
+parameter server applies gradients up to N − 1 steps stale, which momentum compounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from ..config import ExperimentConfig
+from ..topology import neighbours
+
+NNT_FAMILY = ("nnt", "nnt-lockstep", "nnt-staged")
+ASYNC_PS_FAMILY = ("ps-async", "downpour", "staleness-aware", "dc-asgd")
+
+# The paper's NNT setting (PAPER.md: AdaGrad, lr 0.01, weight decay 1e-4); plain SGD without
+# momentum at a fifth of the synchronous rate for asynchronous servers (16 simulated workers,
+# MLP, quick-mode data, 2 epochs: 65.8% test accuracy; with SGD 0.05 / 0.9 the loss is inf at
+# step 9).
+FAMILY_DEFAULTS: dict[tuple[str, ...], dict[str, Any]] = {
+    NNT_FAMILY: dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=1e-4),
+    ASYNC_PS_FAMILY: dict(optimizer="sgd", lr=0.01, momentum=0.0, weight_decay=0.0),
+}
+OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
+
+CLASSES = 10  # every dataset of the lab has ten classes
+NEAR_CHANCE = 1.5  # a final test accuracy below 1.5 × chance (15%) counts as near chance
+EXPLODED = 3.0  # a final test loss above 3 × ln(classes), the loss of a uniform guess
+
+
+def recommended(strategy: str) -> dict[str, Any]:
+    """The optimiser settings a strategy's family trains with (the config's own defaults for
+    the synchronous and the remaining families)."""
+    for family, values in FAMILY_DEFAULTS.items():
+        if strategy in family:
+            return dict(values)
+    fields = ExperimentConfig.__dataclass_fields__
+    return {name: fields[name].default for name in OPTIMISER_FIELDS}
+
+
+def _setting(cfg: ExperimentConfig) -> str:
+    text = f"{cfg.optimizer} lr {cfg.lr:g}"
+    text += f", momentum {cfg.momentum:g}" if cfg.optimizer == "sgd" and cfg.momentum else ""
+    return text + (f", weight decay {cfg.weight_decay:g}" if cfg.weight_decay else "")
+
+
+def likely_cause(cfg: ExperimentConfig) -> str:
+    """Why a run of ``cfg`` may fail to train, in words, and what trains instead."""
+    fix = recommended(cfg.strategy)
+    flags = f"--optimizer {fix['optimizer']} --lr {fix['lr']:g} --momentum {fix['momentum']:g}"
+    flags += f" --weight-decay {fix['weight_decay']:g}"
+    if all(getattr(cfg, name) == value for name, value in fix.items()):
+        return (
+            f"it already uses its family's setting ({_setting(cfg)}); too few steps or samples "
+            "to learn (a tiny or one-epoch run), or a learning rate too large for this model: "
+            "try more epochs or data, or a smaller --lr"
+        )
+    if cfg.strategy in NNT_FAMILY and cfg.workers > 1:
+        degree = len(neighbours(cfg.resolved_topology, cfg.workers, 0))
+        return (
+            f"NNT applies 1 + {degree} gradients per step with the local optimiser "
+            f"({_setting(cfg)}), which multiplies the step size; the paper's setting trains: "
+            f"{flags}"
+        )
+    if cfg.strategy in ASYNC_PS_FAMILY and cfg.workers > 1:
+        return (
+            f"with {cfg.workers} asynchronous workers gradients arrive up to {cfg.workers - 1} "
+            f"steps stale, and {_setting(cfg)} compounds them; try {flags}"
+        )
+    return f"the step size may be too large for {_setting(cfg)}; try a smaller --lr"
+
+
+def run_warnings(summary: pd.DataFrame, configs: Sequence[ExperimentConfig]) -> list[str]:
+    """One warning per run of ``summary`` (:func:`scaledl_lab.viz.plots.summary_table`) that ends
+    near chance or whose test loss exploded, with its likely cause."""
+    by_label = {cfg.label: cfg for cfg in configs}
+    chance = 1 / CLASSES
+    out = []
+    for r in summary.itertuples(index=False):
+        cfg = by_label.get(r.run)
+        acc, loss = float(r.test_accuracy), float(r.test_loss)
+        if cfg is None or math.isnan(acc):
+            continue
+        what = []
+        if acc < NEAR_CHANCE * chance:
+            what.append(f"ends near chance ({acc:.1%} test accuracy; chance is {chance:.0%})")
+        if not math.isfinite(loss) or loss > EXPLODED * math.log(CLASSES):
+            what.append(
+                f"its test loss exploded ({loss:.3g}; a uniform guess scores "
+                f"{math.log(CLASSES):.2f})"
+            )
+        if what:
+            out.append(f"run {r.run}: {' and '.join(what)}; likely cause: {likely_cause(cfg)}")
+    return out

@@ -1,0 +1,162 @@
+"""Hand one config's strategy to a runtime, and turn what the runtime reports into rows.
+
+The runtimes run a :class:`~scaledl_lab.runtime.base.Launch` and know nothing of strategies,
+configs or the metrics table; this is where those meet: the strategy's program is bound to the
+config (:class:`BoundProgram`), its servers become factories, the sim gets its cost model, and
+server counters and lost workers become ``server``/``worker-lost`` rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import ExperimentConfig
+from ..metrics import Row, record
+from ..models import model_flops
+from ..runtime.base import Comm, Emit, Launch, Outcome
+from ..runtime.sim.cost import Stragglers, build_cost_model
+from ..strategies import Strategy, get_strategy
+from .checkpoint import load_rank, load_servers
+from .worker import Program, WorkerContext, load_for
+
+RowsCallback = Callable[[list[dict[str, Any]]], None]
+
+
+@dataclass(frozen=True)
+class BoundProgram:
+    """A strategy's program bound to a run: what a runtime calls on every rank."""
+
+    program: Program
+    config: ExperimentConfig
+    run_label: str
+    resume: tuple[str, int] | None = None  # (results folder, step): continue a checkpoint
+
+    def prepare(self) -> None:
+        load_for(self.config)
+
+    async def __call__(self, comm: Comm, device: torch.device, emit: Emit) -> dict[str, Any]:
+        data = load_for(self.config).to(device)  # a GPU worker's data goes there once
+        ctx = WorkerContext(self.config, comm, data, device, emit, self.run_label)
+        if self.resume is not None:  # each rank reads its own state where it runs
+            ctx.resume = load_rank(*self.resume, comm.rank)
+        await self.program(ctx)
+        return ctx.result
+
+
+def launch_for(
+    cfg: ExperimentConfig,
+    run_label: str,
+    program: Strategy | Program | None = None,
+    resume: tuple[str, int] | None = None,
+) -> Launch:
+    """The Launch of ``cfg``: its strategy, or ``program`` instead (a Strategy with its servers,
+    or a bare per-worker program with none; benchmarks and tests run their own this way);
+    ``resume``: (results folder, step) of the checkpoint to continue from."""
+    if program is None:
+        strategy = get_strategy(cfg.strategy)
+    elif isinstance(program, Strategy):
+        strategy = program
+    else:
+        strategy = Strategy(cfg.strategy, program, "a program given by the caller")
+    spec = strategy.servers
+    count = spec.count(cfg) if spec is not None else 0
+    saved = load_servers(*resume) if resume and count else [None] * count
+    return Launch(
+        program=BoundProgram(strategy.program, cfg, run_label, resume),
+        world_size=cfg.workers,
+        label=run_label,
+        servers=tuple(functools.partial(_server, spec, cfg, i, saved[i]) for i in range(count)),
+        tolerates_worker_loss=strategy.survives_worker_loss(cfg),
+        device=cfg.device,
+        timeout_s=cfg.timeout_s,
+        stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed) if cfg.stragglers else None,
+        server_transport=cfg.server_transport,
+    )
+
+
+def _server(spec: Any, cfg: ExperimentConfig, index: int, state: Any) -> Any:
+    """Server ``index`` of ``cfg``, given back its checkpointed ``state`` if there is one."""
+    server = spec.create(cfg, index)
+    if state is not None:
+        server.restore(state)
+    return server
+
+
+def execute(
+    cfg: ExperimentConfig,
+    run_label: str,
+    on_rows: RowsCallback,
+    *,
+    client: Any = None,
+    program: Strategy | Program | None = None,
+    resume: tuple[str, int] | None = None,
+) -> Outcome:
+    """Run ``cfg`` on its runtime (``client``: the Dask cluster for real runs; ``resume``:
+    the results folder and step of the checkpoint to continue from)."""
+    launch = launch_for(cfg, run_label, program, resume)
+    if cfg.runtime == "sim":
+        from ..runtime.sim.scheduler import run_sim
+
+        data = load_for(cfg)
+        cost = build_cost_model(cfg, model_flops(cfg.model, data.input_shape, data.num_classes))
+        outcome = run_sim(launch, cost, on_rows)
+    else:
+        from ..runtime.dask.driver import run_dask
+
+        def on_lost(rank: int, at: float) -> None:
+            on_rows(
+                [
+                    _row(
+                        cfg,
+                        run_label,
+                        rank,
+                        Row(kind="worker-lost", epoch=math.nan, step=-1, time=at),
+                    )
+                ]
+            )
+
+        outcome = run_dask(client, launch, on_rows, on_lost)
+    if outcome.server_stats:
+        on_rows(server_rows(cfg, run_label, outcome.server_stats, outcome.end_time))
+    return outcome
+
+
+def _row(cfg: ExperimentConfig, run_label: str, rank: int, row: Row) -> dict[str, Any]:
+    return record(
+        row,
+        run=run_label,
+        strategy=cfg.strategy,
+        runtime=cfg.runtime,
+        world_size=cfg.workers,
+        rank=rank,
+    )
+
+
+def server_rows(
+    cfg: ExperimentConfig, run_label: str, stats: list[dict[str, int]], time: float
+) -> list[dict[str, Any]]:
+    """One ``kind="server"`` row per hosted server (rank = workers + index): the calls it
+    served, the bytes it sent and the bytes it received."""
+    return [
+        _row(
+            cfg,
+            run_label,
+            cfg.workers + i,
+            Row(
+                kind="server",
+                epoch=float(cfg.epochs),
+                step=-1,
+                time=time,
+                bytes_sent=int(s["bytes_out"]),
+                bytes_received=int(s["bytes_in"]),
+                calls=int(s["calls"]),
+            ),
+        )
+        for i, s in enumerate(stats)
+    ]

@@ -1,0 +1,104 @@
+"""What a config implies before any worker starts: its data, its optimiser, its step counts.
+
+The workers, the simulator, the sequential twins and the driver all ask here, so that they
+agree (one definition of the steps a run takes, one dataset cache per process).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ..config import ExperimentConfig
+from ..data import DataSplits, load_dataset
+from .optim import LAMB, LARS, param_groups
+from .schedule import StepPlan
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_dataset(
+    name: str,
+    data_dir: str | None,
+    val_size: int,
+    train_subset: int | None,
+    test_subset: int | None,
+    seed: int,
+) -> DataSplits:
+    # Kept per worker process so that a sweep loads each dataset once per worker.
+    return load_dataset(
+        name,
+        data_dir=data_dir,
+        val_size=val_size,
+        train_subset=train_subset,
+        test_subset=test_subset,
+        seed=seed,
+    )
+
+
+def load_for(cfg: ExperimentConfig) -> DataSplits:
+    """The data a config names (cached: every worker, the driver and the simulator use it)."""
+    return _cached_dataset(
+        cfg.dataset, cfg.data_dir, cfg.val_size, cfg.train_subset, cfg.test_subset, cfg.seed
+    )
+
+
+def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
+    """The optimiser named by the config (every worker and the sequential twin use this).
+
+    SGD, Adam and AdaGrad step all tensors at once (``foreach``: the same arithmetic per element,
+    the same numbers, fewer calls). ``clip_gradient``: every gradient element is clipped into
+    [-c, c] before each step, as MXNet's optimisers do with ``clip_gradient``."""
+    optimizer = _optimizer(cfg, params)
+    if cfg.clip_gradient is not None:
+        optimizer.register_step_pre_hook(_clipper(float(cfg.clip_gradient)))
+    return optimizer
+
+
+def _clipper(bound: float) -> Any:
+    def clip(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.clamp_(-bound, bound)
+
+    return clip
+
+
+def _optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
+    # Two families change the optimiser; imported here, as the families sit above the loop.
+    from ..strategies.compression import momentum_correction
+    from ..strategies.large_batch.recipe import no_bias_decay_of, trust_coefficient_of
+
+    if no_bias_decay_of(cfg):  # biases and BatchNorm: no weight decay, no trust ratio
+        params = param_groups(params, cfg.weight_decay)
+    if cfg.optimizer == "lars":
+        return LARS(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
+    if cfg.optimizer == "lamb":
+        return LAMB(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                    trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
+    if cfg.optimizer == "sgd":
+        # DGC's momentum correction keeps the momentum in each worker's compressor instead.
+        momentum = 0.0 if momentum_correction(cfg) else cfg.momentum
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum,
+                               weight_decay=cfg.weight_decay, foreach=True)  # fmt: skip
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+    return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+
+
+def step_plan(cfg: ExperimentConfig) -> StepPlan:
+    """Where every worker's steps fall: all shards have ``n // replicas`` samples."""
+    return StepPlan.build(cfg, len(load_for(cfg).train) // cfg.replicas)
+
+
+def steps_per_epoch_of(cfg: ExperimentConfig) -> int:
+    """Steps every worker takes per epoch (the first epoch's, with a batch schedule)."""
+    return step_plan(cfg).steps_per_epoch
+
+
+def total_steps(cfg: ExperimentConfig) -> int:
+    """Steps every worker of a synchronous or decentralised run takes in all."""
+    return step_plan(cfg).total_steps

@@ -1,0 +1,350 @@
+"""What every per-worker program needs besides communication: the per-worker loop vocabulary.
+
+A strategy is an ``async def`` taking a :class:`WorkerContext`: its model and optimiser, its
+batches in the order the sequential twins use, how many steps it takes and where epochs end,
+evaluation, metric rows and the result it returns. ``launch.BoundProgram`` binds a strategy to
+a config so that a runtime (which knows nothing of either) can run it on every rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ExperimentConfig
+from ..data import Dataset, DataSplits, epoch_batches, shard_indices
+from ..errors import DivergenceError
+from ..metrics import Row, record
+from ..models import build_model
+from ..params import state_dict_cpu
+from ..runtime.base import Comm
+from .faults import kill_step
+from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
+from .schedule import StepPlan, set_lr
+
+__all__ = [
+    "Program",
+    "StepStats",
+    "WorkerContext",
+    "check_finite",
+    "load_for",
+    "lr_of",
+    "make_optimizer",
+    "steps_per_epoch_of",
+    "total_steps",
+]
+
+_TEMPLATES: dict[tuple[Any, ...], nn.Module] = {}
+EVAL_BATCH = 250  # small enough that activations stay in cache
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one local step measured on its own mini-batch."""
+
+    loss: float
+    correct: int
+    samples: int
+
+
+def lr_of(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate the optimiser's (first) parameter group steps with."""
+    return optimizer.param_groups[0]["lr"]
+
+
+def check_finite(loss: float, *, rank: int, epoch: int, step: int) -> None:
+    """Stop a diverged run with a recorded reason rather than training on NaNs."""
+    if not math.isfinite(loss):
+        raise DivergenceError(
+            f"training diverged: loss={loss} at epoch {epoch}, step {step} (rank {rank}); "
+            "lower the learning rate or add warmup"
+        )
+
+
+@dataclass
+class WorkerContext:
+    """Everything one worker's program may use; built by the runtime that hosts the worker."""
+
+    config: ExperimentConfig
+    comm: Comm
+    data: DataSplits
+    device: torch.device
+    emit: Callable[[dict[str, Any]], None]
+    run_label: str
+    result: dict[str, Any] = field(default_factory=dict)
+    resume: dict[str, Any] | None = None  # this rank's checkpoint, when a run is resumed
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    @property
+    def data_rank(self) -> int:
+        """This worker's replica: the workers that split one model read the same batches."""
+        return self.rank // self.config.model_parallel_size
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        labels = self.data.train.y.cpu()  # indices on the CPU, wherever the data lives
+        self.shard = shard_indices(
+            labels, cfg.replicas, self.data_rank, scheme=cfg.sharding, seed=cfg.seed
+        )
+        self.plan = StepPlan.build(cfg, len(self.shard))  # each epoch's steps, batch; each rate
+        self.steps_per_epoch = self.plan.steps_per_epoch
+        self.total_steps = self.plan.total_steps
+        self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
+        self.kill_step = kill_step(cfg.faults, cfg.workers, self.rank)  # an injected fault
+
+    # -- model and data -------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        """The model, initialised from the run's seed: the same weights on every worker."""
+        from ..strategies.large_batch.recipe import prepare_model  # the family sits above
+
+        data = self.data
+        key = (self.config.model, data.input_shape, data.num_classes, self.config.seed)
+        if key not in _TEMPLATES:
+            # Copying a template is cheaper than drawing the initial weights again, which
+            # matters when the simulator builds hundreds of replicas.
+            _TEMPLATES.clear()
+            _TEMPLATES[key] = build_model(key[0], key[1], key[2], seed=key[3])
+        model = prepare_model(self.config, copy.deepcopy(_TEMPLATES[key]))
+        return model.to(self.device, self.config.dtype)
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return make_optimizer(self.config, model.parameters())
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Before local step ``step`` (0-based): the scheduled rate into every group; returned."""
+        return set_lr(optimizer, self.plan.lr(step))
+
+    async def start(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model and its optimiser, the model evaluated before training (all together)."""
+        model = self.build_model()
+        optimizer = self.build_optimizer(model)
+        await self.evaluate_shared(model, epoch=0.0, step=0)
+        return model, optimizer
+
+    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's mini-batches for ``epoch``, in the order the sequential twin uses
+        (``accumulate`` micro-batches each; their size follows a batch schedule)."""
+        train = self.data.train
+        cfg = self.config
+        size = self.plan.batch_size(epoch) * cfg.accumulate
+        for idx in epoch_batches(self.shard, size, seed=cfg.seed, epoch=epoch, rank=self.data_rank):
+            yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
+
+    def local_batches(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's first ``total_steps`` mini-batches, epoch after epoch (after the
+        first ``start``: a resumed run)."""
+        taken = 0
+        for epoch in range(self.config.epochs):
+            for x, y in self.batches(epoch):
+                if taken >= self.total_steps:
+                    return
+                taken += 1
+                if taken > start:
+                    yield x, y
+
+    def batches_forever(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This worker's batches, epoch after epoch (asynchronous workers draw until the end)."""
+        epoch = 0
+        while True:
+            yield from self.batches(epoch)
+            epoch += 1
+
+    def is_boundary(self, step: int) -> bool:
+        """After ``step`` local steps: the end of an epoch, or of the run."""
+        return self.plan.is_boundary(step)
+
+    # -- metrics --------------------------------------------------------------------------
+
+    def log(self, row: Row) -> None:
+        cfg = self.config
+        self.emit(
+            record(
+                row,
+                run=self.run_label,
+                strategy=cfg.strategy,
+                runtime=cfg.runtime,
+                world_size=self.world_size,
+                rank=self.rank,
+            )
+        )
+
+    def log_train(
+        self,
+        step: int,
+        stats: StepStats,
+        *,
+        sent: int = 0,
+        lr: float = math.nan,
+        staleness: float = math.nan,
+        epoch: float | None = None,
+        counted: int | None = None,
+    ) -> None:
+        """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default).
+        Compressed runs add ``bytes_uncompressed``: ``sent`` + what the codecs saved since.
+
+        ``counted``: the samples this row adds to the run's throughput, when several workers
+        share one mini-batch (a pipeline counts it once, on its last stage); default all.
+        """
+        uncompressed = sent + self.bytes_saved - self._saved_logged
+        self._saved_logged = self.bytes_saved
+        self.log(
+            Row(
+                kind="train",
+                epoch=self.progress(step) if epoch is None else epoch,
+                step=step,
+                time=self.comm.now(),
+                loss=stats.loss,
+                accuracy=stats.correct / stats.samples,
+                samples=stats.samples if counted is None else counted,
+                bytes_sent=sent,
+                staleness=staleness,
+                lr=lr,
+                effective_batch_size=self.plan.effective_batch(step - 1),
+                bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
+            )
+        )
+        if step == self.kill_step:  # record the shard the run loses with this worker, then die
+            lost = Row(kind="worker-lost", epoch=self.progress(step), step=step,
+                       time=self.comm.now(), samples=len(self.shard))  # fmt: skip
+            self.log(lost)
+            self.comm.die(step)
+
+    def log_event(
+        self, *, step: int, micro_batch: int, phase: str, start: float, end: float
+    ) -> None:
+        """One forward or backward of a pipeline stage: a row of the events table."""
+        cfg = self.config
+        stage = self.rank % cfg.model_parallel_size
+        self.emit(
+            {
+                "table": "events",
+                "run": self.run_label,
+                "rank": self.rank,
+                "replica": self.data_rank,
+                "stage": stage,
+                "step": step,
+                "micro_batch": micro_batch,
+                "phase": phase,
+                "start": start,
+                "end": end,
+            }
+        )
+
+    def keep_model(self, model: nn.Module, key: str = "state_dict") -> None:
+        """Return ``model``'s final weights from this rank (CPU copies) under ``key``."""
+        self.result[key] = state_dict_cpu(model)
+
+    def progress(self, step: int) -> float:
+        """Training progress in epochs after ``step`` local steps."""
+        return self.plan.progress(step)
+
+    # -- evaluation -----------------------------------------------------------------------
+
+    def _local_eval(self, model: nn.Module, split: Dataset, idx: torch.Tensor) -> torch.Tensor:
+        """[loss sum, correct, count] of ``model`` on ``split[idx]`` (eval mode, no grad)."""
+        was_training = model.training
+        model.eval()
+        totals = torch.zeros(3, dtype=torch.float64)
+        with torch.no_grad():
+            for start in range(0, len(idx), EVAL_BATCH):
+                part = idx[start : start + EVAL_BATCH]
+                x = split.x[part].to(self.device, self.config.dtype)
+                y = split.y[part].to(self.device)
+                out = model(x)
+                totals[0] += F.cross_entropy(out, y, reduction="sum").item()
+                totals[1] += (out.argmax(1) == y).sum().item()
+                totals[2] += len(part)
+        model.train(was_training)
+        return totals
+
+    async def evaluate_local(
+        self,
+        model: nn.Module,
+        *,
+        epoch: float,
+        step: int,
+        kinds: tuple[str, ...] = ("val", "test"),
+        log: bool = True,
+        at: float | None = None,
+    ) -> dict[str, float]:
+        """Evaluate this worker's own model on whole splits, alone (no communication).
+
+        Used where workers hold different models (asynchronous and decentralised methods).
+        Returns ``{kind: accuracy}`` and, with ``log``, records one row per split, stamped when
+        it ends or at ``at``: when the weights it scores existed (an initial state fetched again).
+        """
+        scores: dict[str, float] = {}
+        for kind in kinds:
+            split = self.data.val if kind == "val" else self.data.test
+            if len(split) == 0:
+                continue
+            async with self.comm.compute(len(split) // 3):  # a forward pass ~1/3 of a step
+                loss_sum, correct, count = self._local_eval(
+                    model, split, torch.arange(len(split))
+                ).tolist()
+            scores[kind] = correct / count
+            if log:
+                self.log_eval(kind, epoch, step, loss_sum, correct, count, time=at)
+        return scores
+
+    def log_eval(
+        self,
+        kind: str,
+        epoch: float,
+        step: int,
+        loss_sum: float,
+        correct: float,
+        count: float,
+        sent: int = 0,
+        time: float | None = None,
+    ) -> None:
+        self.log(
+            Row(
+                kind=kind,
+                epoch=epoch,
+                step=step,
+                time=self.comm.now() if time is None else time,
+                loss=loss_sum / count,
+                accuracy=correct / count,
+                samples=int(count),
+                bytes_sent=sent,
+            )
+        )
+
+    async def evaluate_shared(self, model: nn.Module, *, epoch: float, step: int) -> None:
+        """Evaluate a model that is identical on every worker, splitting val and test by rank.
+
+        Each rank scores every world_size-th sample; an allreduce sums the counts, and rank 0
+        records the rows (after a worker died: the survivors split it, the first reports).
+        """
+        alive = self.comm.survivors()
+        for kind, split in (("val", self.data.val), ("test", self.data.test)):
+            if len(split) == 0:
+                continue
+            idx = torch.arange(alive.index(self.rank), len(split), len(alive))
+            async with self.comm.compute(len(idx) // 3):  # a forward pass is ~1/3 of a step
+                totals = self._local_eval(model, split, idx)
+            sent_before = self.comm.bytes_sent
+            await self.comm.allreduce(totals)
+            loss_sum, correct, count = totals.tolist()
+            if self.rank == alive[0]:
+                sent = self.comm.bytes_sent - sent_before
+                self.log_eval(kind, epoch, step, loss_sum, correct, count, sent)
+
+
+Program = Callable[[WorkerContext], Awaitable[None]]
