@@ -105,6 +105,16 @@ def read_memory(pid: int) -> dict[str, int] | None:
     return found
 
 
+def command_of(pid: int) -> str:
+    """A process's command line, shortened (what the peak's breakdown names it by)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"pid {pid}"
+    words = [a.decode(errors="replace") for a in args if a]
+    return " ".join(Path(words[0]).name.split() + words[1:])[:100] if words else f"pid {pid}"
+
+
 def tree_of(root: int, known: dict[int, int], table: dict[int, tuple[int, int, str]]) -> list[int]:
     """The live processes of ``root``'s tree: its descendants now, and those seen in the tree
     before (``known``: pid → start time, updated here) with their descendants, so that a worker
@@ -176,6 +186,7 @@ def measure(
         while not exited.is_set():
             table = process_table()
             pss = rss = unreadable = unreadable_rss = counted = 0
+            each: dict[int, int] = {}
             for pid in tree_of(proc.pid, known, table):
                 memory = read_memory(pid)
                 if memory is None:
@@ -185,6 +196,7 @@ def measure(
                     unreadable_rss += memory["unreadable"]
                     continue
                 counted += 1
+                each[pid] = memory["pss"]
                 pss += memory["pss"]
                 rss += memory["rss"]
                 result["largest_process"] = max(result["largest_process"], memory["hwm"])
@@ -193,6 +205,9 @@ def measure(
             result["samples"] += 1
             if pss > result["peak_pss"]:
                 result.update(peak_pss=pss, processes_at_peak=counted, peak_at=now)
+                result["at_peak"] = sorted(
+                    ((command_of(pid), n) for pid, n in each.items()), key=lambda c: -c[1]
+                )
             result["peak_rss"] = max(result["peak_rss"], rss)
             result["max_processes"] = max(result["max_processes"], counted)
             result["unreadable"] = max(result["unreadable"], unreadable)
@@ -358,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, default="quick")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
     parser.add_argument("--csv", help="also write the table as CSV to this file")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also print each process's PSS at the peak"
+    )
     args = parser.parse_args(argv)
     if not math.isfinite(args.interval) or args.interval <= 0:
         parser.error("--interval must be a positive number of seconds")
@@ -379,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             row = to_row(target, args.mode, figures)
             rows.append(row)
+            if args.breakdown:
+                log(f"{target.name} at its peak ({figures['peak_at']:.0f} s in):")
+                for name, pss in figures.get("at_peak", []):
+                    log(f"    {pss / GB:6.2f} GB  {name}")
             log(markdown([row]).splitlines()[-1])
             if row.exit_code != 0:
                 tail = output.read_text(errors="replace").splitlines()[-20:]
