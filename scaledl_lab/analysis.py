@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from .config import TOPOLOGY_STRATEGIES, ExperimentConfig
+from . import families
+from .config import ExperimentConfig
 from .metrics import summarise_workers
 from .runtime.sim.cost import Stragglers
 from .topology import parse
@@ -202,7 +203,7 @@ def is_traffic_run(label: str) -> bool:
 
 def topology_of(cfg: ExperimentConfig) -> str | None:
     """The topology a run's workers talk along (None for methods without one)."""
-    return cfg.resolved_topology if cfg.strategy in TOPOLOGY_STRATEGIES else None
+    return cfg.resolved_topology if families.has(cfg.strategy, "takes_topology") else None
 
 
 def method_label(cfg: ExperimentConfig) -> str:

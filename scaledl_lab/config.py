@@ -9,21 +9,17 @@ from typing import Any
 
 import torch
 
+from . import families
 from .contract import (
     CONTRACT_STRATEGIES,
     DATASETS,
     DEVICES,
     IMPLEMENTED_RUNTIMES,
-    IMPLEMENTED_STRATEGIES,
-    MODEL_PARALLEL_STRATEGIES,
     OPTIMIZERS,
-    PIPELINE_STRATEGIES,
     PRECISIONS,
     RUNTIMES,
-    SERVER_STRATEGIES,
     SERVER_TRANSPORTS,
     SHARDINGS,
-    TOPOLOGY_STRATEGIES,
 )
 from .errors import ConfigError, choices
 from .models import MODELS
@@ -31,11 +27,6 @@ from .models import MODELS
 __all__ = [
     "CONTRACT_STRATEGIES",
     "DATASETS",
-    "IMPLEMENTED_STRATEGIES",
-    "MODEL_PARALLEL_STRATEGIES",
-    "PIPELINE_STRATEGIES",
-    "SERVER_STRATEGIES",
-    "TOPOLOGY_STRATEGIES",
     "ConfigError",
     "ExperimentConfig",
     "check_resources",
@@ -138,9 +129,9 @@ class ExperimentConfig:
     @property
     def model_parallel_size(self) -> int:
         """Workers that share one model: a pipeline's stages, the tensor-parallel degree."""
-        if self.strategy in PIPELINE_STRATEGIES:
+        if families.has(self.strategy, "pipeline"):
             return self.stages or self.workers
-        return self.workers if self.strategy == "tensor-parallel" else 1
+        return self.workers if families.has(self.strategy, "splits_model") else 1
 
     @property
     def replicas(self) -> int:
@@ -190,8 +181,9 @@ def validate(cfg: ExperimentConfig) -> None:
     """Raise ConfigError for the first invalid field; runs before any cluster starts."""
     if cfg.strategy not in CONTRACT_STRATEGIES:
         raise ConfigError(
-            f"strategy={cfg.strategy!r} is unknown; allowed: {choices(IMPLEMENTED_STRATEGIES)}"
+            f"strategy={cfg.strategy!r} is unknown; allowed: {choices(CONTRACT_STRATEGIES)}"
         )
+    families.family_of(cfg.strategy)  # the records are filled (scaledl_lab.strategies)
     if cfg.runtime not in RUNTIMES:
         raise ConfigError(f"runtime={cfg.runtime!r} is unknown; allowed: {choices(RUNTIMES)}")
     if cfg.runtime not in IMPLEMENTED_RUNTIMES:
@@ -247,63 +239,16 @@ def validate(cfg: ExperimentConfig) -> None:
             f"clip_gradient={clip!r} must be a positive number (each gradient element is "
             "clipped into [-clip_gradient, clip_gradient]), or None for no clipping"
         )
-    from .strategies.model_parallel.partition import check_model_parallel
+    from .runtime.sim.cost_checks import check_config
 
-    check_model_parallel(cfg)
+    check_config(cfg)
+    families.check(cfg)  # each family checks its options and its strategies' constraints
     if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.replicas:
         raise ConfigError(
             f"global_batch_size={cfg.global_batch_size} is not divisible by the "
             f"{cfg.replicas} replicas (workers={cfg.workers}); choose a multiple of "
             f"{cfg.replicas} or set batch_size (per replica) instead"
         )
-    from .runtime.sim.cost_checks import check_config
-
-    check_config(cfg)
-    _validate_strategy_options(cfg)
-    from .strategies.large_batch.checks import check_config as check_large_batch
-
-    check_large_batch(cfg)
-
-
-def _validate_strategy_options(cfg: ExperimentConfig) -> None:
-    if cfg.topology is not None:
-        if cfg.strategy not in TOPOLOGY_STRATEGIES:
-            raise ConfigError(
-                f"topology={cfg.topology!r} does not apply to strategy={cfg.strategy!r}: "
-                f"only the decentralised strategies take a topology "
-                f"({choices(TOPOLOGY_STRATEGIES)})"
-            )
-        from .topology import parse
-
-        parse(cfg.topology, cfg.workers)
-    if cfg.strategy == "adpsgd" and cfg.workers > 1:
-        from .topology import colouring
-
-        colouring(cfg.resolved_topology, cfg.workers)  # active/passive needs a bipartite graph
-    for name in ("servers", "n_fetch", "n_push", "sync_period", "stage_epochs"):
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{name}={value!r} must be a positive integer")
-    lead = cfg.nnt_max_lead
-    if lead is not None and (not isinstance(lead, int) or isinstance(lead, bool) or lead < 0):
-        raise ConfigError(
-            f"nnt_max_lead={lead!r} must be a non-negative integer, or None for unbounded "
-            "(FAST's never-waiting NNT)"
-        )
-    if not isinstance(cfg.backup_workers, int) or cfg.backup_workers < 0:
-        raise ConfigError(f"backup_workers={cfg.backup_workers!r} must be a non-negative integer")
-    if cfg.strategy == "backup-workers" and cfg.backup_workers >= cfg.workers:
-        raise ConfigError(
-            f"backup_workers={cfg.backup_workers} must be below workers={cfg.workers}: each "
-            "step needs the gradient of at least one worker"
-        )
-    if not isinstance(cfg.dc_lambda, (int, float)) or cfg.dc_lambda < 0:
-        raise ConfigError(f"dc_lambda={cfg.dc_lambda!r} must be a non-negative number")
-    if cfg.elastic_alpha is not None and not 0 < cfg.elastic_alpha < 1:
-        raise ConfigError(f"elastic_alpha={cfg.elastic_alpha!r} must lie strictly between 0 and 1")
-    from .strategies.compression import check_config as check_compression
-
-    check_compression(cfg)
     from .training.checkpoint import check_config as check_checkpoints
     from .training.faults import parse_faults
 

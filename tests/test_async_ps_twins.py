@@ -1,9 +1,9 @@
 """Asynchronous parameter servers with three workers against hand-computed update sequences.
 
 The simulator is deterministic, and every train row carries (rank, step, staleness): from
-these ``reference.server_push_order`` rebuilds the order in which the server applied the
+these ``twins.server_push_order`` rebuilds the order in which the server applied the
 pushes (update s = the version the worker last fetched + the push's staleness), and
-``reference.replay_async_server`` recomputes the server's parameters in one process, push by
+``twins.replay_async_server`` recomputes the server's parameters in one process, push by
 push: each worker's gradients at the weights it last fetched (Downpour: plus its own local
 steps in between), summed over n_push steps, applied with lr (staleness-aware: lr / max(1, τ)).
 """
@@ -15,7 +15,7 @@ import pytest
 from common import SMALL, max_diff
 
 from scaledl_lab import ExperimentConfig, run
-from scaledl_lab.training.reference import replay_async_server, server_push_order
+from scaledl_lab.strategies.parameter_server.twins import replay_async_server, server_push_order
 from scaledl_lab.training.worker import load_for
 
 STEPS = 12  # per worker: 36 gradients in all

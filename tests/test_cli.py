@@ -27,11 +27,14 @@ IMPLEMENTED = (
 def test_list_names_every_strategy_with_its_description(capsys):
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    start = lines.index("strategies (implemented):")
-    listed = {}
+    start = lines.index("strategies (implemented), by family:")
+    listed, family_lines = {}, []
     for line in lines[start + 1 :]:
         if not line.startswith("  "):
             break
+        if not line.startswith("    "):  # a family, then its strategies
+            family_lines.append(line.split(":", 1)[0].strip())
+            continue
         name, description = line.split(maxsplit=1)
         assert name not in listed, f"{name} listed twice"
         listed[name] = description
@@ -39,6 +42,10 @@ def test_list_names_every_strategy_with_its_description(capsys):
     for name in IMPLEMENTED:
         assert listed[name] == get_strategy(name).description, name
     assert len(set(listed.values())) == len(listed)  # no two strategies share one line
+    assert family_lines == [
+        "data_parallel", "parameter_server", "decentralised", "model_parallel", "compression",
+        "large_batch",
+    ]  # fmt: skip
     assert "runtimes: dask, sim" in lines
     assert "datasets: fashion-mnist, mnist1d, cifar10" in lines
     assert "models: mlp, cnn, cnn1d, resnet18" in lines

@@ -106,13 +106,42 @@ def test_label():
     assert ExperimentConfig(name="mine").label == "mine"
 
 
-def test_every_implemented_strategy_has_a_registered_program():
-    from scaledl_lab.config import CONTRACT_STRATEGIES, IMPLEMENTED_STRATEGIES
+def test_the_families_records_hold_exactly_the_contracts_strategies():
+    from scaledl_lab import families
+    from scaledl_lab.config import CONTRACT_STRATEGIES
     from scaledl_lab.strategies import STRATEGIES
 
-    assert sorted(STRATEGIES) == sorted(IMPLEMENTED_STRATEGIES)
-    assert set(IMPLEMENTED_STRATEGIES) <= set(CONTRACT_STRATEGIES)
+    held = [name for family in families.families() for name in family.strategies]
+    assert sorted(held) == sorted(CONTRACT_STRATEGIES)  # none missing, none extra
+    assert len(held) == len(set(held))  # each in one family
+    assert families.strategies() == CONTRACT_STRATEGIES
+    assert sorted(STRATEGIES) == sorted(CONTRACT_STRATEGIES)  # every one has a program
+    for family in families.families():
+        for name, description in family.strategies.items():
+            assert STRATEGIES[name].description == description, name
+            assert families.family_of(name) is family
     assert all(s.description for s in STRATEGIES.values())
+
+
+def test_capabilities_are_asked_of_the_records():
+    from scaledl_lab import families
+
+    assert families.with_capability("takes_topology") == (
+        "nnt", "nnt-lockstep", "nnt-staged", "dpsgd", "adpsgd",
+    )  # fmt: skip
+    assert families.with_capability("hosts_servers") == (
+        "ps-sync", "ps-async", "downpour", "staleness-aware", "dc-asgd", "backup-workers",
+    )  # fmt: skip
+    assert families.with_capability("pipeline") == ("model-parallel", "gpipe", "1f1b")
+    assert families.with_capability("splits_model")[-1] == "tensor-parallel"
+    assert families.with_capability("accumulates") == ("allreduce", "allreduce-naive")
+    assert families.with_capability("checkpointable") == (
+        "allreduce", "allreduce-naive", "ps-sync", "dpsgd",
+    )  # fmt: skip
+    assert "hogwild" not in families.with_capability("compressible")
+    assert families.has("nnt", "takes_topology") and not families.has("allreduce", "pipeline")
+    with pytest.raises(KeyError, match="unknown capability"):
+        families.has("nnt", "flies")
 
 
 def test_strategy_options_are_typed_fields():

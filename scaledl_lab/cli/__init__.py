@@ -9,11 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import contract
+from .. import contract, families
 from ..config import (
     DATASETS,
     IMPLEMENTED_RUNTIMES,
-    IMPLEMENTED_STRATEGIES,
     ConfigError,
     ExperimentConfig,
     is_quick,
@@ -214,11 +213,11 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def _cmd_list() -> None:
-    from ..strategies import DESCRIPTIONS
-
-    print("strategies (implemented):")
-    for name in IMPLEMENTED_STRATEGIES:
-        print(f"  {name:18s} {DESCRIPTIONS[name]}")
+    print("strategies (implemented), by family:")
+    for family in families.families():
+        print(f"  {family.name}: {family.summary}")
+        for name, description in family.strategies.items():
+            print(f"    {name:18s} {description}")
     print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
     print("datasets: " + ", ".join(DATASETS))
     print("models: " + ", ".join(MODELS))

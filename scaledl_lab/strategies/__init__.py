@@ -1,6 +1,7 @@
 """The strategies: one folder per technique family. Importing this package imports every
-family that registers strategies, so that each ``@register`` call has run before a strategy is
-looked up (:func:`get_strategy`).
+family, so that each ``@register`` call (a per-worker program) has run before a strategy is
+looked up (:func:`get_strategy`), and each family's record (:mod:`scaledl_lab.families`) is
+there before a config is validated.
 
 - :mod:`.data_parallel`: synchronous data parallelism (``allreduce``, ``allreduce-naive``);
 - :mod:`.parameter_server`: parameter servers, their workers' side and Hogwild!;
@@ -13,19 +14,25 @@ looked up (:func:`get_strategy`).
 The last two register no strategy of their own: they change how the others train.
 """
 
-from . import data_parallel, decentralised, model_parallel, parameter_server
+from . import (
+    compression,
+    data_parallel,
+    decentralised,
+    large_batch,
+    model_parallel,
+    parameter_server,
+)
 from .registry import STRATEGIES, ServerSpec, Strategy, get_strategy, register
 
-DESCRIPTIONS: dict[str, str] = {name: s.description for name, s in STRATEGIES.items()}
-
 __all__ = [
-    "DESCRIPTIONS",
     "STRATEGIES",
     "ServerSpec",
     "Strategy",
+    "compression",
     "data_parallel",
     "decentralised",
     "get_strategy",
+    "large_batch",
     "model_parallel",
     "parameter_server",
     "register",

@@ -72,6 +72,11 @@ def register(
     return add
 
 
+def described(*names: str) -> dict[str, str]:
+    """``names`` (registered programs) with their descriptions: a family record's strategies."""
+    return {name: get_strategy(name).description for name in names}
+
+
 def get_strategy(name: str) -> Strategy:
     try:
         return STRATEGIES[name]

@@ -19,11 +19,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .. import families
 from ..errors import ConfigError, choices
 
 FOLDER = "checkpoint"
-# The strategies whose every step ends at a point all workers agree on (no message in flight).
-STRATEGIES = ("allreduce", "allreduce-naive", "dpsgd", "ps-sync")
 _EVERY = re.compile(r"^\s*(\d+)\s*(epochs?)?\s*$")
 
 
@@ -43,10 +42,13 @@ def parse_every(value: int | str | None) -> tuple[int, str] | None:
 def check_config(strategy: str, compress: str, value: int | str | None) -> None:
     if parse_every(value) is None:
         return
-    if strategy not in STRATEGIES:
+    # The strategies whose every step ends at a point all workers agree on (no message in
+    # flight) are the families' "checkpointable" ones.
+    if not families.has(strategy, "checkpointable"):
+        able = families.with_capability("checkpointable")
         raise ConfigError(
             f"checkpoint_every does not apply to strategy={strategy!r}: checkpoints need a "
-            f"point where no message is in flight; strategies with one: {choices(STRATEGIES)}"
+            f"point where no message is in flight; strategies with one: {choices(able)}"
         )
     if compress != "none":
         raise ConfigError("checkpoint_every does not save compression's residuals yet")

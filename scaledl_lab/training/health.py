@@ -3,7 +3,9 @@ that ends near chance or whose loss explodes, naming the likely cause.
 
 One SGD setting does not suit every family. NNT applies 1 + degree gradients per step with its
 local optimiser (the paper's runs used AdaGrad 0.01, weight decay 1e-4); an asynchronous
-parameter server applies gradients up to N − 1 steps stale, which momentum compounds.
+parameter server applies gradients up to N − 1 steps stale, which momentum compounds. Each
+family's record says which of its strategies train with what, and why
+(:class:`scaledl_lab.families.OptimiserDefault`).
 """
 
 from __future__ import annotations
@@ -14,21 +16,9 @@ from typing import Any
 
 import pandas as pd
 
+from .. import families
 from ..config import ExperimentConfig
-from ..topology import neighbours
-
-NNT_FAMILY = ("nnt", "nnt-lockstep", "nnt-staged")
-ASYNC_PS_FAMILY = ("ps-async", "downpour", "staleness-aware", "dc-asgd")
-
-# The paper's NNT setting (PAPER.md: AdaGrad, lr 0.01, weight decay 1e-4); plain SGD without
-# momentum at a fifth of the synchronous rate for asynchronous servers (16 simulated workers,
-# MLP, quick-mode data, 2 epochs: 65.8% test accuracy; with SGD 0.05 / 0.9 the loss is inf at
-# step 9).
-FAMILY_DEFAULTS: dict[tuple[str, ...], dict[str, Any]] = {
-    NNT_FAMILY: dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=1e-4),
-    ASYNC_PS_FAMILY: dict(optimizer="sgd", lr=0.01, momentum=0.0, weight_decay=0.0),
-}
-OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
+from ..families import OPTIMISER_FIELDS
 
 CLASSES = 10  # every dataset of the lab has ten classes
 NEAR_CHANCE = 1.5  # a final test accuracy below 1.5 × chance (15%) counts as near chance
@@ -38,9 +28,9 @@ EXPLODED = 3.0  # a final test loss above 3 × ln(classes), the loss of a unifor
 def recommended(strategy: str) -> dict[str, Any]:
     """The optimiser settings a strategy's family trains with (the config's own defaults for
     the synchronous and the remaining families)."""
-    for family, values in FAMILY_DEFAULTS.items():
-        if strategy in family:
-            return dict(values)
+    default = families.optimiser_default(strategy)
+    if default is not None:
+        return dict(default.settings)
     fields = ExperimentConfig.__dataclass_fields__
     return {name: fields[name].default for name in OPTIMISER_FIELDS}
 
@@ -62,18 +52,9 @@ def likely_cause(cfg: ExperimentConfig) -> str:
             "to learn (a tiny or one-epoch run), or a learning rate too large for this model: "
             "try more epochs or data, or a smaller --lr"
         )
-    if cfg.strategy in NNT_FAMILY and cfg.workers > 1:
-        degree = len(neighbours(cfg.resolved_topology, cfg.workers, 0))
-        return (
-            f"NNT applies 1 + {degree} gradients per step with the local optimiser "
-            f"({_setting(cfg)}), which multiplies the step size; the paper's setting trains: "
-            f"{flags}"
-        )
-    if cfg.strategy in ASYNC_PS_FAMILY and cfg.workers > 1:
-        return (
-            f"with {cfg.workers} asynchronous workers gradients arrive up to {cfg.workers - 1} "
-            f"steps stale, and {_setting(cfg)} compounds them; try {flags}"
-        )
+    default = families.optimiser_default(cfg.strategy)
+    if default is not None and cfg.workers > 1:
+        return default.why(cfg, _setting(cfg), flags)
     return f"the step size may be too large for {_setting(cfg)}; try a smaller --lr"
 
 

@@ -7,12 +7,13 @@ combined batches from the very same shards and per-epoch orders the workers use;
 in rank order), which float32 runs match bit for bit. The decentralised and asynchronous
 families have twins of their own: D-PSGD as the matrix recursion X ← W·X − lr·∇F(X_old)
 (``train_dpsgd_sequential``), and an asynchronous parameter server replayed push by push in
-the order its metrics table records (``server_push_order``, ``replay_async_server``).
+the order its metrics table records (in its family's folder:
+:mod:`scaledl_lab.strategies.parameter_server.twins`, which uses :class:`Gradients` and
+:func:`worker_batches` from here).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,7 +131,7 @@ def _local_steps(cfg: ExperimentConfig, data: DataSplits) -> int:
     return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
 
 
-class _Gradients:
+class Gradients:
     """∇F(w; batch) of the config's model at any flat weight vector ``w``, in one process."""
 
     def __init__(self, cfg: ExperimentConfig, data: DataSplits) -> None:
@@ -168,7 +169,7 @@ class _Gradients:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
-def _check_plain_sgd(cfg: ExperimentConfig, what: str) -> None:
+def check_plain_sgd(cfg: ExperimentConfig, what: str) -> None:
     if cfg.optimizer != "sgd":
         raise ValueError(f"the {what} twin is written for optimizer='sgd', not {cfg.optimizer!r}")
 
@@ -190,8 +191,8 @@ def train_dpsgd_sequential(cfg: ExperimentConfig, data: DataSplits) -> list[dict
     """
     from ..topology import mixing_matrix
 
-    _check_plain_sgd(cfg, "D-PSGD")
-    grad = _Gradients(cfg, data)
+    check_plain_sgd(cfg, "D-PSGD")
+    grad = Gradients(cfg, data)
     n, steps = cfg.workers, _local_steps(cfg, data)
     w = mixing_matrix(cfg.resolved_topology, n).to(cfg.dtype)
     x = grad.initial().repeat(n, 1)
@@ -203,84 +204,3 @@ def train_dpsgd_sequential(cfg: ExperimentConfig, data: DataSplits) -> list[dict
         m = cfg.momentum * m + g + cfg.weight_decay * mixed
         x = mixed - cfg.lr * m
     return [grad.state_dict(x[i]) for i in range(n)]
-
-
-# -- asynchronous parameter servers ------------------------------------------------------------
-
-
-def server_push_order(train: Any, *, n_fetch: int = 1, n_push: int = 1) -> list[int]:
-    """The order in which one asynchronous parameter server applied the workers' pushes,
-    rebuilt from a run's ``kind="train"`` rows (columns rank, step, staleness).
-
-    A worker pulls version 0 first. Its push at local step k (k a multiple of ``n_push``) was
-    applied as the server's update number s = v + τ, where τ is the row's staleness and v the
-    version the worker last fetched; a push that also fetches (k a multiple of ``n_fetch``)
-    gets back version s + 1. A dropped push (after the run's end) has τ = NaN. Returns the
-    pushing rank of update 0, 1, 2, ...; raises AssertionError if the rows do not describe one
-    sequence of updates (two pushes claiming one slot, or a gap).
-
-    Only when every fetch is also a push (``n_push`` divides ``n_fetch``) is v known: a pull on
-    its own returns a version that the table does not record.
-    """
-    if n_fetch % n_push:
-        raise ValueError(
-            f"n_fetch={n_fetch} is not a multiple of n_push={n_push}: the version a pull-only "
-            "step fetched is not in the metrics table, so the order cannot be rebuilt"
-        )
-    slots: dict[int, int] = {}
-    for rank, rows in train.sort_values("step").groupby("rank"):
-        version = 0
-        for step, staleness in zip(rows["step"], rows["staleness"], strict=True):
-            if step % n_push or math.isnan(staleness):
-                continue
-            assert staleness == int(staleness) >= 0, (rank, step, staleness)
-            slot = version + int(staleness)
-            assert slot not in slots, f"update {slot} claimed by ranks {slots[slot]} and {rank}"
-            slots[slot] = int(rank)
-            if step % n_fetch == 0:
-                version = slot + 1
-    assert sorted(slots) == list(range(len(slots))), "the updates do not form one sequence"
-    return [slots[s] for s in range(len(slots))]
-
-
-def replay_async_server(
-    cfg: ExperimentConfig, data: DataSplits, order: list[int]
-) -> dict[str, Any]:
-    """One parameter server applying the pushes of ``order`` (ranks, in the order applied),
-    recomputed in one process; returns the server's final weights as a state_dict.
-
-    Worker r starts from the initial weights w_0 and draws its own batches epoch after epoch.
-    For each push it takes ``n_push`` local steps (Downpour: each gradient also steps its
-    replica, w ← w − lr·g) and pushes their sum; the server's update number s applies it with
-    SGD (momentum μ: m ← μ·m + g + wd·w; w ← w − lr_s·m) where lr_s = lr, or for
-    ``staleness-aware`` lr / max(1, τ) with τ = s − (version r last fetched). A push at a step
-    that is a multiple of ``n_fetch`` fetches the weights w_{s+1} into r's replica.
-    """
-    _check_plain_sgd(cfg, "parameter-server")
-    if cfg.servers != 1:
-        raise ValueError("the replay models one server (the shards' updates are elementwise)")
-    grad = _Gradients(cfg, data)
-    n_fetch, n_push = (cfg.n_fetch, cfg.n_push) if cfg.strategy == "downpour" else (1, 1)
-    local = n_fetch > 1 or n_push > 1
-    w = grad.initial()
-    m: torch.Tensor | None = None
-    replica = [w.clone() for _ in range(cfg.workers)]
-    fetched = [0] * cfg.workers
-    steps = [0] * cfg.workers
-    streams = [worker_batches(cfg, data, r) for r in range(cfg.workers)]
-    for slot, r in enumerate(order):
-        pushed = torch.zeros_like(w)
-        for _ in range(n_push):
-            g = grad(replica[r], next(streams[r]))
-            pushed = pushed + g
-            if local:
-                replica[r] = replica[r] - cfg.lr * g
-            steps[r] += 1
-        staleness = slot - fetched[r]
-        lr = cfg.lr / max(1, staleness) if cfg.strategy == "staleness-aware" else cfg.lr
-        d = pushed + cfg.weight_decay * w
-        m = d if m is None else cfg.momentum * m + d
-        w = w - lr * (m if cfg.momentum else d)
-        if steps[r] % n_fetch == 0:
-            replica[r], fetched[r] = w.clone(), slot + 1
-    return grad.state_dict(w)

@@ -4,9 +4,11 @@
 What this package exports is pure tensor code. How the payloads travel in each family is in
 :mod:`.messages` (the compressed allreduce, NNT's and the parameter servers' messages) and
 :mod:`.gossip` (D-PSGD with compressed messages); the study and its report are :mod:`.study`
-and :mod:`.report`. None of those is imported here.
+and :mod:`.report`. None of those is imported here. The family's record registers no strategy:
+``compress`` is an option on the strategies whose messages carry gradients.
 """
 
+from ...families import Family, register_family
 from .compressors import (
     DGC,
     QSGD,
@@ -23,6 +25,16 @@ from .powersgd import PowerSGD
 from .spec import CompressionSpec, check_config, momentum_correction, parse
 from .wire import Layout, Payload, layout_of, pack, payload_bytes, shard_layouts, unpack
 
+FAMILY = register_family(
+    Family(
+        name="compression",
+        summary="options on the others' strategies: compressed gradient messages "
+        "(compress=..., error feedback)",
+        strategies={},
+        check=check_config,
+    )
+)
+
 __all__ = [
     "DGC",
     "QSGD",
@@ -30,6 +42,7 @@ __all__ = [
     "Compressor",
     "DGCMemory",
     "ErrorFeedback",
+    "FAMILY",
     "Layout",
     "NoCompression",
     "OneBit",

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...contract import COMPRESSIBLE_STRATEGIES, COMPRESSORS, SERVER_STRATEGIES
+from ... import families
+from ...contract import COMPRESSORS
 from ...errors import ConfigError, choices
 from .compressors import DGC, QSGD, Compressor, NoCompression, OneBit, TopK
 from .feedback import DGCMemory, ErrorFeedback
@@ -16,10 +17,6 @@ from .wire import Layout
 
 SPELLINGS = "none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO, powersgd:RANK"
 MAX_QSGD_LEVELS = 2**15 - 1  # the widest fixed-width code is 16 bits
-# Where DGC's momentum correction replaces the optimiser's momentum: the strategies whose
-# sent gradient is a replica's whole update (not NNT, whose receivers step with their own
-# optimiser, nor D-PSGD, which sends weights).
-MOMENTUM_CORRECTED = ("allreduce", "allreduce-naive", *SERVER_STRATEGIES)
 
 
 @dataclass(frozen=True)
@@ -121,21 +118,22 @@ def check_config(cfg: Any) -> None:
     spec = parse(cfg.compress)
     if not isinstance(cfg.error_feedback, bool):
         raise ConfigError(f"error_feedback={cfg.error_feedback!r} must be True or False")
-    if not spec.is_none and cfg.strategy not in COMPRESSIBLE_STRATEGIES:
+    if not spec.is_none and not families.has(cfg.strategy, "compressible"):
         raise ConfigError(
             f"compress={cfg.compress!r} does not apply to strategy={cfg.strategy!r}: its "
             "messages carry no gradients (shared memory, weights or activations); compression "
-            f"applies to {choices(COMPRESSIBLE_STRATEGIES)}"
+            f"applies to {choices(families.with_capability('compressible'))}"
         )
 
 
 def momentum_correction(cfg: Any) -> float:
     """The momentum that DGC's correction takes over from the optimiser (0.0 when it does not):
-    SGD with momentum, on a strategy whose sent gradient is a replica's whole update."""
+    SGD with momentum, on a strategy whose sent gradient is a replica's whole update (not NNT,
+    whose receivers step with their own optimiser, nor D-PSGD, which sends weights)."""
     if (
         str(cfg.compress).startswith("dgc:")
         and cfg.optimizer == "sgd"
-        and cfg.strategy in MOMENTUM_CORRECTED
+        and families.has(cfg.strategy, "sends_replica_update")
     ):
         return float(cfg.momentum)
     return 0.0

@@ -3,5 +3,21 @@
 config checks (:mod:`.checks`), sharp and flat minima (:mod:`.sharpness`), the claims and
 figures (:mod:`.report`) and the reproductions of notebook 07 (:mod:`.study`).
 
-Nothing is imported here: the study runs experiments, which sit above the strategies.
+Only the checks are imported here, for the family's record: the study runs experiments, which
+sit above the strategies.
 """
+
+from ...families import Family, register_family
+from . import checks
+
+FAMILY = register_family(
+    Family(
+        name="large_batch",
+        summary="options on the others' strategies: lr scaling, warmup, schedules, "
+        "accumulation, LARS/LAMB",
+        strategies={},
+        check=checks.check_config,
+    )
+)
+
+__all__ = ["FAMILY", "checks"]

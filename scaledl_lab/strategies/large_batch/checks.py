@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contract import (
-    ACCUMULATE_STRATEGIES,
-    BATCH_SCHEDULE_STRATEGIES,
-    LR_SCALINGS,
-    SERVER_STRATEGIES,
-)
+from ... import families
+from ...contract import LR_SCALINGS
 from ...errors import ConfigError, choices
 from ...training.schedule import StepPlan, epoch_batch_size, parse_batch_schedule, parse_lr_schedule
 
@@ -84,16 +80,18 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(
             f"accumulate={cfg.accumulate!r} must be a positive integer (micro-batches per update)"
         )
-    if cfg.accumulate > 1 and cfg.strategy not in ACCUMULATE_STRATEGIES:
+    if cfg.accumulate > 1 and not families.has(cfg.strategy, "accumulates"):
         raise ConfigError(
-            f"accumulate={cfg.accumulate} is supported by {choices(ACCUMULATE_STRATEGIES)} only, "
+            f"accumulate={cfg.accumulate} is supported by "
+            f"{choices(families.with_capability('accumulates'))} only, "
             f"not by strategy={cfg.strategy!r}"
         )
     if cfg.batch_schedule is not None:
-        if cfg.strategy not in BATCH_SCHEDULE_STRATEGIES:
+        if not families.has(cfg.strategy, "batch_schedule"):
             raise ConfigError(
                 f"batch_schedule={cfg.batch_schedule!r} is supported by the synchronous "
-                f"{choices(BATCH_SCHEDULE_STRATEGIES)} only, not by strategy={cfg.strategy!r}"
+                f"{choices(families.with_capability('batch_schedule'))} only, "
+                f"not by strategy={cfg.strategy!r}"
             )
         milestones_b, _ = parse_batch_schedule(cfg.batch_schedule)
         _check_epochs("batch_schedule", cfg.batch_schedule, milestones_b, cfg.epochs)
@@ -115,15 +113,15 @@ def _check_optimizer_options(cfg: Any) -> None:
                 f"trust_coefficient={coefficient!r} must be a non-negative number "
                 f"(optimizer={cfg.optimizer!r})"
             )
-    if adaptive and cfg.strategy in SERVER_STRATEGIES:
+    if adaptive and families.has(cfg.strategy, "hosts_servers"):
         raise ConfigError(
             f"optimizer={cfg.optimizer!r} scales each layer by its own trust ratio, but the "
             f"parameter servers of strategy={cfg.strategy!r} hold flat shards with no layers; "
             "use sgd, adam or adagrad"
         )
-    if adaptive and cfg.strategy == "tensor-parallel":
+    if adaptive and families.has(cfg.strategy, "slices_layers"):
         raise ConfigError(
-            f"optimizer={cfg.optimizer!r} takes each layer's norms, but tensor-parallel ranks "
+            f"optimizer={cfg.optimizer!r} takes each layer's norms, but {cfg.strategy} ranks "
             "hold slices of the layers (their trust ratios would differ from the whole model's); "
             "use sgd, adam or adagrad"
         )
@@ -136,7 +134,7 @@ def _check_optimizer_options(cfg: Any) -> None:
             f"zero_init_residual=True applies to model='resnet18' (residual blocks), not to "
             f"model={cfg.model!r}"
         )
-    if cfg.no_bias_decay and cfg.strategy in SERVER_STRATEGIES:
+    if cfg.no_bias_decay and families.has(cfg.strategy, "hosts_servers"):
         raise ConfigError(
             f"no_bias_decay=True cannot apply to strategy={cfg.strategy!r}: its parameter "
             "servers hold flat shards in which biases and BatchNorm are not told apart"

@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import nn
 
+from ... import families
 from ...models import PreActBasicBlock
 
 TRUST_COEFFICIENTS = {"lars": 0.001, "lamb": 1.0}  # You et al. 2017 (η), 2019 (φ(z) = z)
@@ -35,11 +36,9 @@ def zero_init_residual_of(cfg: Any) -> bool:
 def no_bias_decay_of(cfg: Any) -> bool:
     """No weight decay (nor LARS/LAMB trust ratio) on biases and BatchNorm: on in the recipe,
     except on parameter servers (their shards are flat vectors with no layers to tell apart)."""
-    from ...contract import SERVER_STRATEGIES
-
     if cfg.no_bias_decay is not None:
         return bool(cfg.no_bias_decay)
-    return is_recipe(cfg) and cfg.strategy not in SERVER_STRATEGIES
+    return is_recipe(cfg) and not families.has(cfg.strategy, "hosts_servers")
 
 
 def trust_coefficient_of(cfg: Any) -> float:

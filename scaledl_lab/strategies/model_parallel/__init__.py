@@ -1,8 +1,26 @@
 """Model parallelism: a model's ordered layers and how many go to each stage
-(:mod:`.partition`), pipeline schedules as pure functions (:mod:`.schedules`), the pipeline
-executor (:mod:`.pipeline`: ``model-parallel``, ``gpipe``, ``1f1b``) and Megatron-style tensor
-parallelism (:mod:`.tensor_parallel`)."""
+(:mod:`.partition`, with the checks of the family's options), pipeline schedules as pure
+functions (:mod:`.schedules`), the pipeline executor (:mod:`.pipeline`: ``model-parallel``,
+``gpipe``, ``1f1b``) and Megatron-style tensor parallelism (:mod:`.tensor_parallel`)."""
 
+from ...families import Family, register_family
+from ..registry import described
 from . import partition, pipeline, schedules, tensor_parallel
 
-__all__ = ["partition", "pipeline", "schedules", "tensor_parallel"]
+PIPELINES = tuple(pipeline.DESCRIPTIONS)
+
+FAMILY = register_family(
+    Family(
+        name="model_parallel",
+        summary="the model split over workers: pipelines of stages, tensor-parallel layers",
+        strategies=described(*PIPELINES, "tensor-parallel"),
+        capabilities={
+            "splits_model": True,
+            "pipeline": PIPELINES,
+            "slices_layers": ("tensor-parallel",),
+        },
+        check=partition.check_model_parallel,
+    )
+)
+
+__all__ = ["FAMILY", "partition", "pipeline", "schedules", "tensor_parallel"]

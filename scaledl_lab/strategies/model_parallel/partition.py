@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...contract import MODEL_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
+from ... import families
 from ...data import sample_shape
 from ...errors import ConfigError, choices
 from ...models import CNN, CNN1D, MLP, PreActResNet, build_model
@@ -172,14 +172,14 @@ def check_model_parallel(cfg: Any) -> None:
     """Config errors of the model-parallel strategies (stages, micro-batches, balance,
     tensor-parallel degree), each one line naming the field, before any cluster starts."""
     name = cfg.strategy
-    if name not in PIPELINE_STRATEGIES:
+    if not families.has(name, "pipeline"):
         for option, default in (("stages", None), ("micro_batches", 1), ("recompute", False)):
             if getattr(cfg, option) != default:
                 raise ConfigError(
                     f"{option}={getattr(cfg, option)!r} applies only to the pipeline strategies "
-                    f"({choices(PIPELINE_STRATEGIES)}), not to strategy={name!r}"
+                    f"({choices(families.with_capability('pipeline'))}), not to strategy={name!r}"
                 )
-    if name not in MODEL_PARALLEL_STRATEGIES:
+    if not families.has(name, "splits_model"):
         return
     if cfg.workers < 2:
         raise ConfigError(
@@ -211,7 +211,7 @@ def check_model_parallel(cfg: Any) -> None:
 
 
 def _check_split(cfg: Any, input_shape: tuple[int, ...]) -> None:
-    if cfg.strategy in PIPELINE_STRATEGIES:
+    if families.has(cfg.strategy, "pipeline"):
         stages = cfg.model_parallel_size
         parse_balance(cfg.balance, layer_count(cfg.model, input_shape), stages)
     elif cfg.strategy == "tensor-parallel":

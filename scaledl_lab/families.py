@@ -1,0 +1,171 @@
+"""The technique families' records: each family (a folder of :mod:`scaledl_lab.strategies`)
+registers one :class:`Family` saying which strategies it holds, what they can do, the
+optimiser they train best with and how its options are checked. Code outside a family asks
+these records ("which strategies take a topology?") instead of naming strategies.
+
+Imports only the contract's names and the errors, so that the config (which validates by
+asking the records) and every layer above it may read them. The records are filled when
+:mod:`scaledl_lab.strategies` is imported, which ``import scaledl_lab`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .contract import CONTRACT_STRATEGIES
+from .errors import ConfigError
+
+# What a strategy may be able to do; a record names, for each capability it uses, which of its
+# strategies have it (``True``: all of them).
+CAPABILITIES: dict[str, str] = {
+    "takes_topology": "workers talk along a topology (topology=..., a ring by default)",
+    "hosts_servers": "parameter servers hold the model as flat shards (servers=...)",
+    "compressible": "messages carry gradients or updates, so compress=... applies",
+    "sends_replica_update": "the gradient sent is a replica's whole update (DGC's momentum "
+    "correction takes over the optimiser's momentum)",
+    "splits_model": "the model itself is split over the workers",
+    "pipeline": "the model is split into stages (stages, micro_batches, balance, recompute)",
+    "slices_layers": "every layer is sliced over the workers (no rank holds a whole layer)",
+    "accumulates": "accumulate=K micro-batches per update",
+    "batch_schedule": "batch_schedule=... grows the batch during the run",
+    "checkpointable": "every step ends where no message is in flight (checkpoint_every=...)",
+}
+OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
+
+
+def _no_check(cfg: Any) -> None:
+    """A family without options of its own."""
+
+
+@dataclass(frozen=True)
+class OptimiserDefault:
+    """The optimiser some of a family's strategies train with, and why the config's default
+    (SGD 0.05, momentum 0.9) fails them: ``why(cfg, setting, flags)`` says it in words, given
+    the run's setting and the CLI flags of this one."""
+
+    strategies: tuple[str, ...]
+    settings: Mapping[str, Any]
+    why: Callable[[Any, str, str], str]
+
+    def __post_init__(self) -> None:
+        if set(self.settings) != set(OPTIMISER_FIELDS):
+            raise ValueError(f"optimiser defaults set exactly {OPTIMISER_FIELDS}")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One technique family: its strategies (name → one-line description), its capabilities
+    (capability → which of its strategies have it), its optimiser defaults and ``check(cfg)``.
+
+    ``check`` runs on every config (a family checks its options wherever they are set, and
+    the constraints of its own strategies). A family with no strategies (large batches,
+    compression) changes how the others train: only its options and its check count.
+    """
+
+    name: str  # its folder below scaledl_lab/strategies
+    summary: str
+    strategies: Mapping[str, str]  # kept in the contract's order
+    capabilities: Mapping[str, tuple[str, ...] | bool] = field(default_factory=dict)
+    optimisers: tuple[OptimiserDefault, ...] = ()
+    check: Callable[[Any], None] = _no_check
+
+    def __post_init__(self) -> None:
+        names = tuple(self.strategies)
+        caps: dict[str, tuple[str, ...]] = {}
+        for cap, which in self.capabilities.items():
+            if cap not in CAPABILITIES:
+                raise ValueError(f"family {self.name!r}: unknown capability {cap!r}")
+            which = names if which is True else tuple(which or ())
+            if not set(which) <= set(names):
+                raise ValueError(f"family {self.name!r}: {cap} names strategies not its own")
+            caps[cap] = which
+        for default in self.optimisers:
+            if not set(default.strategies) <= set(names):
+                raise ValueError(f"family {self.name!r}: optimiser defaults of other strategies")
+        ordered = {n: self.strategies[n] for n in _contract_order(names)}
+        object.__setattr__(self, "strategies", MappingProxyType(ordered))
+        object.__setattr__(self, "capabilities", MappingProxyType(caps))
+
+    def has(self, strategy: str, capability: str) -> bool:
+        return strategy in self.capabilities.get(capability, ())
+
+
+FAMILIES: dict[str, Family] = {}
+_OF: dict[str, Family] = {}  # strategy name → its family
+
+
+def register_family(family: Family) -> Family:
+    """Add ``family``'s record (once per family; a strategy belongs to one family)."""
+    for name in family.strategies:
+        owner = _OF.get(name)
+        if owner is not None and owner.name != family.name:
+            raise ValueError(f"strategy {name!r} is claimed by {owner.name!r} and {family.name!r}")
+    FAMILIES[family.name] = family
+    _OF.update(dict.fromkeys(family.strategies, family))
+    return family
+
+
+def _contract_order(names: Any) -> tuple[str, ...]:
+    rank = {n: i for i, n in enumerate(CONTRACT_STRATEGIES)}
+    return tuple(sorted(names, key=lambda n: rank.get(n, len(rank))))
+
+
+def families() -> tuple[Family, ...]:
+    """Every record: the families with strategies in the contract's order, then those that
+    register none (options on the others' strategies) by name."""
+    own = [f for f in FAMILIES.values() if f.strategies]
+    first = {f.name: _contract_order(f.strategies)[0] for f in own}
+    own.sort(key=lambda f: CONTRACT_STRATEGIES.index(first[f.name]))
+    rest = sorted((f for f in FAMILIES.values() if not f.strategies), key=lambda f: f.name)
+    return (*own, *rest)
+
+
+def strategies() -> tuple[str, ...]:
+    """Every strategy some family holds, in the contract's order."""
+    return _contract_order(_OF)
+
+
+def family_of(strategy: str) -> Family:
+    """The family holding ``strategy`` (a ConfigError if none does)."""
+    try:
+        return _OF[strategy]
+    except KeyError:
+        if not FAMILIES:
+            raise ConfigError(
+                f"strategy={strategy!r}: no family has registered yet; import scaledl_lab "
+                "(which imports scaledl_lab.strategies) before building a config"
+            ) from None
+        raise ConfigError(f"strategy={strategy!r} belongs to no registered family") from None
+
+
+def has(strategy: str, capability: str) -> bool:
+    """Whether ``strategy`` has ``capability`` (a key of :data:`CAPABILITIES`)."""
+    if capability not in CAPABILITIES:
+        raise KeyError(f"unknown capability {capability!r}")
+    family = _OF.get(strategy)
+    return family is not None and family.has(strategy, capability)
+
+
+def with_capability(capability: str) -> tuple[str, ...]:
+    """The strategies that have ``capability``, in the contract's order."""
+    if capability not in CAPABILITIES:
+        raise KeyError(f"unknown capability {capability!r}")
+    return _contract_order(n for f in FAMILIES.values() for n in f.capabilities.get(capability, ()))
+
+
+def optimiser_default(strategy: str) -> OptimiserDefault | None:
+    """The optimiser ``strategy``'s family trains it with, or None (the config's defaults)."""
+    family = _OF.get(strategy)
+    if family is None:
+        return None
+    return next((d for d in family.optimisers if strategy in d.strategies), None)
+
+
+def check(cfg: Any) -> None:
+    """Every family's check of ``cfg``, in the order of :func:`families`."""
+    family_of(cfg.strategy)
+    for family in families():
+        family.check(cfg)
