@@ -19,7 +19,7 @@ import torch
 
 from ...errors import RunError, WorkerKilled, WorkerLostError
 from ..base import Comm, Launch, Outcome
-from ..memory import keep_freed_memory
+from ..memory import hand_back_memory, keep_freed_memory
 from .comm import (
     LOST,
     Collective,
@@ -33,6 +33,7 @@ from .comm import (
     WaitRecv,
 )
 from .cost import CostModel
+from .mail import Mail
 from .servers import SimServers, _ServerState
 
 
@@ -71,7 +72,7 @@ class SimWorld(SimServers):
         # Collectives under way, by group (None: every worker): who has arrived so far.
         self._collective: dict[tuple[int, ...] | None, dict[int, Collective]] = {}
         self._in_collective: set[int] = set()
-        self._mail: dict[tuple[int, int], deque[tuple[float, torch.Tensor]]] = defaultdict(deque)
+        self._mail = Mail()  # sent, not yet received: spilled to disk past a memory budget
         self._posted: dict[tuple[int, int], deque[SimIncoming]] = defaultdict(deque)
         self._waiting_recv: dict[int, SimIncoming] = {}
         self._waiting_call: dict[int, SimCall] = {}
@@ -159,7 +160,7 @@ class SimWorld(SimServers):
             return  # nobody receives it
         posted = self._posted[(src, dst)]
         if not posted:
-            self._mail[(src, dst)].append((arrival, tensor.detach().clone()))
+            self._mail.put(src, dst, arrival, tensor)
             return
         incoming = posted.popleft()
         incoming.arrive(arrival, tensor)  # one copy, not a private one copied again later
@@ -168,9 +169,8 @@ class SimWorld(SimServers):
             self._wake_recv(incoming)
 
     def _post(self, rank: int, incoming: SimIncoming) -> None:
-        box = self._mail[(incoming.src, rank)]
-        if box and not self._posted[(incoming.src, rank)]:
-            incoming.message = box.popleft()
+        if (incoming.src, rank) in self._mail and not self._posted[(incoming.src, rank)]:
+            incoming.message = self._mail.take(incoming.src, rank)
         elif incoming.src in self.dead:
             incoming.lost = True  # everything it sent has been delivered
         else:
@@ -293,12 +293,16 @@ def run_sim(
     async def rank_program(comm: Comm) -> None:
         results[comm.rank] = await launch.program(comm, torch.device("cpu"), emit)
 
+    world: SimWorld | None = None
     try:
         servers = [make() for make in launch.servers]
         world = SimWorld(launch.world_size, cost, servers, [], launch.tolerates_worker_loss)
         world.run([rank_program] * launch.world_size)
     finally:
         torch.set_num_threads(threads)
+        if world is not None:
+            world._mail.close()
+        hand_back_memory()  # a notebook kernel keeps neither the tuning nor the run's peak
         if buffer:
             on_rows(buffer[:])
     end = max((c.clock for c in world.comms), default=0.0)

@@ -1,0 +1,97 @@
+"""Messages in flight past the simulator's memory budget go to disk and come back byte for byte."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from scaledl_lab import DivergenceError, ExperimentConfig, run
+from scaledl_lab.runtime.sim import mail as mail_module
+from scaledl_lab.runtime.sim.mail import Mail
+
+# Unbounded NNT with a straggler: the straggler's neighbours run ahead and flood the workers two
+# hops away, so many gradients wait in the mail (the case that made the budget necessary).
+FLOODED = ExperimentConfig(
+    strategy="nnt", runtime="sim", workers=9, topology="torus:3x3", dataset="fashion-mnist",
+    model="mlp", batch_size=16, train_subset=9 * 16 * 12, val_size=64, test_subset=128,
+    optimizer="adagrad", lr=0.01, stragglers="slow:4:6", epochs=1, seed=1,
+)  # fmt: skip
+
+
+def _spill_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("scaledl-sim-mail-*"))
+
+
+def test_a_spilled_message_comes_back_bit_for_bit_in_order():
+    box = Mail(spill_after=3 * 4)  # room for one 3-element float32 message
+    sent = [torch.randn(3), torch.randn(2, 2, dtype=torch.float64), torch.arange(4).bfloat16()]
+    for i, t in enumerate(sent):
+        box.put(0, 1, float(i), t)
+    assert box.held == 12 and box.spilled == 2
+    for i, t in enumerate(sent):
+        arrival, got = box.take(0, 1)
+        assert arrival == float(i) and got.dtype == t.dtype and torch.equal(got, t)
+    assert (0, 1) not in box and box.held == 0
+    box.close()
+
+
+def test_spilling_every_message_changes_no_number(monkeypatch):
+    before = _spill_dirs()
+    kept = run(FLOODED, progress=False, log=None).frame
+    spilled: list[Mail] = []
+
+    class Counting(Mail):
+        def __init__(self) -> None:
+            super().__init__(spill_after=0)
+            spilled.append(self)
+
+    monkeypatch.setattr("scaledl_lab.runtime.sim.scheduler.Mail", Counting)
+    on_disk = run(FLOODED, progress=False, log=None).frame
+    pd.testing.assert_frame_equal(kept, on_disk)
+    assert spilled[0].spilled > 50  # most of the run's gradients went through the disk
+    assert _spill_dirs() == before  # and the files are gone when the run ends
+    assert mail_module.SPILL_AFTER_BYTES >= 256 << 20
+
+
+def test_a_simulated_run_leaves_the_process_malloc_as_it_found_it(monkeypatch):
+    """The kernel of a notebook runs many simulations: none may keep the training tuning (or
+    the memory it keeps) after it ends, also when it ends in an error."""
+    calls: list[str] = []
+    import scaledl_lab.runtime.sim.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "keep_freed_memory", lambda: calls.append("keep") or True)
+    monkeypatch.setattr(scheduler, "hand_back_memory", lambda: calls.append("back"))
+    run(FLOODED.replace(stragglers=None, max_steps=2), progress=False, log=None)
+    assert calls == ["keep", "back"]
+    calls.clear()
+    with pytest.raises(DivergenceError):
+        run(FLOODED.replace(stragglers=None, lr=1e6, optimizer="sgd"), progress=False, log=None)
+    assert calls == ["keep", "back"]
+
+
+def test_hand_back_memory_restores_the_start_up_settings(monkeypatch):
+    from scaledl_lab.runtime import memory
+
+    set_to: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, option: int, value: int) -> int:
+            set_to.append((option, value))
+            return 1
+
+        def malloc_trim(self, pad: int) -> int:
+            set_to.append(("trim", pad))
+            return 1
+
+    monkeypatch.setattr(memory, "_libc", Libc)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # what Dask's nanny sets
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    with memory.freed_memory_kept():
+        assert set_to[-1] == (memory.M_MMAP_MAX, 0)
+    assert set_to[3:] == [(memory.M_TRIM_THRESHOLD, 65536), (memory.M_MMAP_THRESHOLD, 128 * 1024),
+                          (memory.M_MMAP_MAX, 65536), ("trim", 0)]  # fmt: skip
