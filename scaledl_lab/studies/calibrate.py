@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import build_model
-from ..runtime.memory import keep_freed_memory
+from ..runtime.memory import freed_memory_kept
 from ..runtime.sim.cost import (
     ComputeProfile,
     NetworkProfile,
@@ -48,17 +48,17 @@ def time_steps(model_name: str, batch: int, *, steps: int = 20, warmup: int = 3)
     times = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    keep_freed_memory()  # as every worker runs
-    try:
-        for i in range(warmup + steps):
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
+    with freed_memory_kept():  # as every worker runs
+        try:
+            for i in range(warmup + steps):
+                start = time.perf_counter()
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
+        finally:
+            torch.set_num_threads(threads)
     return statistics.median(times)
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from distributed import Queue, get_worker
 
 from ..base import NOT_READY, Launch, clone_tensors, tensor_bytes
-from ..memory import keep_freed_memory
+from ..memory import hand_back_memory, keep_freed_memory
 from .comm import TorchComm
 from .devices import use_device
 from .shm_link import ShmServer, host_key
@@ -166,9 +166,8 @@ def run_rank(
     ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
     each server's shared-memory address (:mod:`.shm_link`), or None for actor calls."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
-    keep_freed_memory()
     where = use_device(device)
-    launch.program.prepare()
+    launch.program.prepare()  # the data first: its arrays are mapped, and go back when freed
     backend = "nccl" if where.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -177,6 +176,7 @@ def run_rank(
         world_size=launch.world_size,
         timeout=timedelta(seconds=launch.timeout_s),
     )
+    keep_freed_memory()
     try:
         with _profiler_paused():
             dist.barrier()
@@ -205,3 +205,4 @@ def run_rank(
                 _SINKS.pop(queue_name, None)
     finally:
         dist.destroy_process_group()
+        hand_back_memory()  # the worker outlives the run: it keeps neither tuning nor peak
