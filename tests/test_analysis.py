@@ -225,73 +225,89 @@ def _table(workers=16, torus="torus:4x4", straggler="slow:5:4", **changes):
     return pd.DataFrame(records)
 
 
-def _verdict(table, claim, traffic=None):
-    hits = [v for v in claims.verdicts(table, traffic) if claim in v]
-    assert len(hits) == 1, claims.verdicts(table, traffic)
-    return hits[0]
+def _claims(table, traffic=None):
+    """The claims decided on the tables, by key."""
+    return {c.key: c for c in claims.verdicts(table, traffic)}
 
 
-ACCURACY = "NNT reaches the accuracy of synchronous SGD"
+def _claim(table, key, traffic=None):
+    decided = _claims(table, traffic)
+    assert key in decided, list(decided)
+    return decided[key]
 
 
-def test_accuracy_verdict_flips_with_the_gap_and_says_behind_or_ahead():
-    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.785}), ACCURACY)
-    assert "(best worker within 2 points, same epochs): **supported**" in v
-    assert "torus 78.50%, 1.5 points behind allreduce (80.00%)." in v
-    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.497}), ACCURACY)
-    assert "**not supported** — torus 49.70%, 30.3 points behind allreduce (80.00%)." in v
-    v = _verdict(_table(**{"nnt-torus.test_acc_best_worker": 0.83}), ACCURACY)
-    assert "**supported** — torus 83.00%, 3.0 points ahead of allreduce (80.00%)." in v
-    assert "level with allreduce" in _verdict(_table(), ACCURACY)
+def test_accuracy_verdict_flips_with_the_gap():
+    c = _claim(_table(**{"nnt-torus.test_acc_best_worker": 0.785}), "accuracy")
+    assert c.verdict == "supported"
+    assert c.figures == {
+        "nnt_torus_acc": 0.785,
+        "allreduce_acc": 0.80,
+        "gap_points": pytest.approx(1.5),
+    }
+    c = _claim(_table(**{"nnt-torus.test_acc_best_worker": 0.497}), "accuracy")
+    assert c.verdict == "not supported" and c.figures["gap_points"] == pytest.approx(30.3)
+    c = _claim(_table(**{"nnt-torus.test_acc_best_worker": 0.83}), "accuracy")
+    assert c.verdict == "supported" and c.figures["gap_points"] == pytest.approx(-3.0)
+    assert _claim(_table(), "accuracy").figures["gap_points"] == 0.0
 
 
-FASTER = "NNT trains faster per epoch than the global patterns"
+def test_a_claim_renders_as_the_summaries_print_it():
+    quote = claims.QUOTES["accuracy"]
+    lead = f"- *“{quote}”* (PAPER.md) — NNT reaches the accuracy of synchronous SGD (best worker "
+    for acc, end in (
+        (0.785, "**supported** — torus 78.50%, 1.5 points behind allreduce (80.00%)."),
+        (0.497, "**not supported** — torus 49.70%, 30.3 points behind allreduce (80.00%)."),
+        (0.83, "**supported** — torus 83.00%, 3.0 points ahead of allreduce (80.00%)."),
+        (0.80, "**supported** — torus 80.00%, level with allreduce (80.00%)."),
+    ):
+        c = _claim(_table(**{"nnt-torus.test_acc_best_worker": acc}), "accuracy")
+        assert claims.markdown_line(c) == f"{lead}within 2 points, same epochs): {end}"
+    accs = {"allreduce": [0.79, 0.80, 0.81], "nnt-torus": [0.76, 0.77, 0.78]}
+    c = _claim(_seeded(accs), "accuracy")
+    assert c.reason == "torus 77.00% ± 1.0, 3.0 points behind allreduce (80.00% ± 1.0)"
 
 
 def test_faster_per_epoch_verdict_flips_with_the_times_and_names_the_worker_count():
-    v = _verdict(_table(), FASTER)
-    assert "(by more than 5%): **not supported** — time per epoch NNT torus 1.20 s, " in v
-    assert "allreduce 1.00 s, PS sync 1.00 s (simulated, 16 workers, steady state)." in v
-    v = _verdict(
-        _table(workers=9, torus="torus:3x3", **{"nnt-torus.time_per_epoch_s": 0.9}), FASTER
-    )
-    assert "**supported** — time per epoch NNT torus 0.90 s" in v and "9 workers" in v
-    v = _verdict(_table(**{"nnt-torus.time_per_epoch_s": 0.96}), FASTER)  # inside the margin
-    assert "**not supported**" in v
-
-
-COUPLED = "NNT is not coupled to the slowest worker"
+    c = _claim(_table(), "time")
+    assert c.verdict == "not supported"
+    assert c.figures == {"nnt_torus_s": 1.2, "allreduce_s": 1.0, "ps_sync_s": 1.0, "workers": 16}
+    c = _claim(_table(workers=9, torus="torus:3x3", **{"nnt-torus.time_per_epoch_s": 0.9}), "time")
+    assert c.verdict == "supported" and c.figures["workers"] == 9
+    c = _claim(_table(**{"nnt-torus.time_per_epoch_s": 0.96}), "time")  # inside the margin
+    assert c.verdict == "not supported"
 
 
 def test_straggler_verdict_flips_and_reads_the_slowdown_from_the_setting():
-    v = _verdict(_table(), COUPLED)
-    assert "synchronous SGD is: **supported** — with rank 5 4× slower, an epoch takes ×3.00 " in v
-    assert "as long for allreduce, ×1.50 for NNT torus, ×1.00 for async PS." in v
-    v = _verdict(_table(straggler="slow:3:2.5", **{"nnt-torus-straggler.straggler_slowdown": 3.0}),
-                 COUPLED)  # fmt: skip
-    assert "**not supported** — with rank 3 2.5× slower, an epoch takes ×3.00" in v
-
-
-STALE = "Asynchronous PS pays for staleness"
+    c = _claim(_table(), "straggler")
+    assert c.verdict == "supported"
+    assert c.figures == {"rank_5_slower": 4.0, "allreduce_slowdown": 3.0,
+                         "nnt_torus_slowdown": 1.5, "ps_async_slowdown": 1.0}  # fmt: skip
+    c = _claim(
+        _table(straggler="slow:3:2.5", **{"nnt-torus-straggler.straggler_slowdown": 3.0}),
+        "straggler",
+    )
+    assert c.verdict == "not supported"
+    assert c.figures["rank_3_slower"] == 2.5 and c.figures["nnt_torus_slowdown"] == 3.0
 
 
 def test_staleness_verdict_flips_with_the_accuracy_gap():
-    v = _verdict(_table(), STALE)
-    assert "(mean 13.6) in accuracy: **supported** — 50.00%, 30.0 points behind synchronous " in v
-    assert "allreduce (80.00%)." in v
-    v = _verdict(_table(**{"ps-async.test_acc_best_worker": 0.81}), STALE)
-    assert "**not supported** — 81.00%, 1.0 points ahead of synchronous allreduce" in v
-
-
-MIXING = "Information crosses the torus in fewer hops than the ring"
+    c = _claim(_table(), "staleness")
+    assert c.verdict == "supported"
+    assert c.figures == {"ps_async_acc": 0.5, "allreduce_acc": 0.8,
+                         "gap_points": pytest.approx(30.0), "staleness": 13.6}  # fmt: skip
+    c = _claim(_table(**{"ps-async.test_acc_best_worker": 0.81}), "staleness")
+    assert c.verdict == "not supported" and c.figures["gap_points"] == pytest.approx(-1.0)
 
 
 def test_torus_vs_ring_verdict_flips_with_the_spread_and_computes_the_diameters():
-    v = _verdict(_table(), MIXING)
-    assert "(diameter 4 vs 8 at 16 workers), so NNT's workers agree more on the torus: " in v
-    assert "**supported** — spread of the workers' test accuracies 10.0 vs 20.0 points; " in v
-    v = _verdict(_table(workers=9, torus="torus:3x3", **{"nnt-torus.test_acc_spread": 0.3}), MIXING)
-    assert "(diameter 2 vs 4 at 9 workers)" in v and "**not supported**" in v
+    hops = ("torus_diameter", "ring_diameter", "workers")
+    c = _claim(_table(), "topology")
+    assert c.verdict == "supported"
+    assert [c.figures[k] for k in hops] == [4, 8, 16]
+    assert (c.figures["torus_spread_points"], c.figures["ring_spread_points"]) == (10.0, 20.0)
+    table = _table(workers=9, torus="torus:3x3", **{"nnt-torus.test_acc_spread": 0.3})
+    c = _claim(table, "topology")
+    assert c.verdict == "not supported" and [c.figures[k] for k in hops] == [2, 4, 9]
 
 
 def _traffic(nnt_growth=1.0, server_growth=None):
@@ -314,27 +330,31 @@ def _traffic(nnt_growth=1.0, server_growth=None):
     return pd.DataFrame(rows)
 
 
-TRAFFIC = "NNT's traffic per worker stays constant as the workers grow"
-
-
 def test_traffic_verdict_is_decided_by_the_sweep():
-    v = _verdict(_table(), TRAFFIC, _traffic())
-    assert "(within 5%), while a parameter server's grows with them: **supported** — " in v
-    assert "nnt ring 2.00, 2.00, 2.00 MiB at N = 4, 16, 64 (2 gradients, one per neighbour)" in v
-    assert "nnt torus 4.00, 4.00 MiB at N = 16, 64 (4 gradients, one per neighbour)" in v
-    assert "the busiest server moves 4.00, 16.00, 64.00 MiB per round at N = 4, 16, 64 " in v
-    assert "(×16.0 for ×16 workers; simulated, 1 server)." in v
-    assert "**not supported**" in _verdict(_table(), TRAFFIC, _traffic(nnt_growth=1.5))
-    assert "**not supported**" in _verdict(_table(), TRAFFIC, _traffic(server_growth=1.0))
-    assert not [v for v in claims.verdicts(_table()) if TRAFFIC in v]  # no sweep, no verdict
+    c = _claim(_table(), "traffic", _traffic())
+    assert c.verdict == "supported"
+    sent = {k: v / MIB for k, v in c.figures.items() if "bytes" in k}
+    assert sent == {
+        "nnt ring bytes_per_worker_step @4w": 2.0,
+        "nnt ring bytes_per_worker_step @16w": 2.0,
+        "nnt ring bytes_per_worker_step @64w": 2.0,
+        "nnt torus bytes_per_worker_step @16w": 4.0,
+        "nnt torus bytes_per_worker_step @64w": 4.0,
+        "server_bytes_per_round @4w": 4.0,
+        "server_bytes_per_round @16w": 16.0,
+        "server_bytes_per_round @64w": 64.0,
+    }
+    assert (c.figures["server_growth"], c.figures["workers_growth"]) == (16.0, 16.0)
+    assert _claim(_table(), "traffic", _traffic(nnt_growth=1.5)).verdict == "not supported"
+    assert _claim(_table(), "traffic", _traffic(server_growth=1.0)).verdict == "not supported"
+    assert "traffic" not in _claims(_table())  # no sweep, no verdict
 
 
 def test_claims_without_their_runs_are_left_out():
     table = _table()
-    assert len(claims.verdicts(table)) == 5
+    assert list(_claims(table)) == ["accuracy", "time", "straggler", "staleness", "topology"]
     no_torus = table[table["topology"].fillna("") != "torus:4x4"]
-    texts = claims.verdicts(no_torus)
-    assert len(texts) == 1 and STALE in texts[0]
+    assert list(_claims(no_torus)) == ["staleness"]
 
 
 def _seeded(accs: dict[str, list[float]], **changes):
@@ -348,28 +368,30 @@ def _seeded(accs: dict[str, list[float]], **changes):
 
 
 def test_decide_says_inconclusive_inside_the_seed_spread():
-    assert claims.decide(True, distance=-3.0, spread=1.0) == "**supported**"
-    assert claims.decide(False, distance=3.0, spread=1.0) == "**not supported**"
-    assert claims.decide(True, distance=-0.5, spread=1.0) == "**inconclusive**"
-    assert claims.decide(False, distance=0.5, spread=0.0) == "**not supported**"  # one seed
-    assert claims.decide(True, distance=0.0, spread=math.nan) == "**supported**"
+    assert claims.decide(True, distance=-3.0, spread=1.0) == "supported"
+    assert claims.decide(False, distance=3.0, spread=1.0) == "not supported"
+    assert claims.decide(True, distance=-0.5, spread=1.0) == "inconclusive"
+    assert claims.decide(False, distance=0.5, spread=0.0) == "not supported"  # one seed
+    assert claims.decide(True, distance=0.0, spread=math.nan) == "supported"
 
 
 def test_seeds_are_averaged_and_a_gap_inside_their_spread_is_inconclusive():
     # allreduce 80 ± 1, torus 77 ± 1 (3 seeds): a 3-point gap, 1 point beyond the 2-point
     # threshold, inside the 2-point spread (the two sds added): inconclusive.
     accs = {"allreduce": [0.79, 0.80, 0.81], "nnt-torus": [0.76, 0.77, 0.78]}
-    v = _verdict(_seeded(accs), ACCURACY)
-    assert "same epochs): **inconclusive** — torus 77.00% ± 1.0, 3.0 points behind " in v
-    assert "allreduce (80.00% ± 1.0)." in v
+    c = _claim(_seeded(accs), "accuracy")
+    assert c.verdict == "inconclusive"
+    assert c.figures == pytest.approx({"nnt_torus_acc": 0.77, "nnt_torus_acc_sd": 0.01,
+                                       "allreduce_acc": 0.80, "allreduce_acc_sd": 0.01,
+                                       "gap_points": 3.0})  # fmt: skip
     tight = {"allreduce": [0.80, 0.80, 0.80], "nnt-torus": [0.77, 0.77, 0.77]}
-    assert "**not supported** — torus 77.00% ± 0.0, 3.0 points behind" in _verdict(
-        _seeded(tight), ACCURACY
-    )
+    c = _claim(_seeded(tight), "accuracy")
+    assert c.verdict == "not supported" and c.figures["nnt_torus_acc_sd"] == pytest.approx(0.0)
     wide_async = {"allreduce": [0.78, 0.80, 0.82], "ps-async": [0.77, 0.79, 0.81]}
-    assert "**inconclusive** — 79.00% ± 2.0, 1.0 points behind" in _verdict(
-        _seeded(wide_async), STALE
-    )
+    c = _claim(_seeded(wide_async), "staleness")
+    assert c.verdict == "inconclusive"
+    assert (c.figures["ps_async_acc"], c.figures["ps_async_acc_sd"]) == pytest.approx((0.79, 0.02))
+    assert c.figures["gap_points"] == pytest.approx(1.0)
 
 
 def test_the_learning_rate_is_chosen_on_validation_per_method():
@@ -393,12 +415,14 @@ def test_straggler_verdict_reads_the_other_workers_step_rates_where_measured():
     lead = table[table["run"] == "nnt-torus-straggler"].assign(
         run="nnt-torus-straggler · lead 4", others_rate_kept=0.57
     )
-    v = _verdict(pd.concat([table, lead], ignore_index=True), COUPLED)
-    assert "(the other workers keep at least 90% of their step rate): **supported** — with " in v
-    assert "rank 5 4× slower, the others keep 98.0% of their step rate with NNT torus (57.0% " in v
-    assert "with nnt-torus-straggler · lead 4), 39.7% with allreduce; an epoch of the whole " in v
+    c = _claim(pd.concat([table, lead], ignore_index=True), "straggler")
+    assert c.verdict == "supported"
+    assert c.figures["nnt_torus_rate_kept"] == 0.98
+    assert c.figures["nnt-torus-straggler · lead 4 rate_kept"] == 0.57
+    assert c.figures["allreduce_rate_kept"] == 0.397
+    assert c.test.endswith("(the other workers keep at least 90% of their step rate)")
     table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.6})
-    assert "step rate): **not supported** — with rank 5" in _verdict(table, COUPLED)
+    assert _claim(table, "straggler").verdict == "not supported"
 
 
 # -- the paper's words beside each verdict -----------------------------------------------------
@@ -407,22 +431,22 @@ def test_straggler_verdict_reads_the_other_workers_step_rates_where_measured():
 # beside the repository (../shared/PAPER.md) where the project is developed.
 PAPER_MD = Path(__file__).resolve().parents[1] / "docs" / "PAPER.md"
 SHARED_PAPER_MD = Path(__file__).resolve().parents[1].parent / "shared" / "PAPER.md"
-CLAIM_OF = {ACCURACY: "accuracy", TRAFFIC: "traffic", FASTER: "time", COUPLED: "straggler",
-            STALE: "staleness", MIXING: "topology"}  # fmt: skip
 
 
-def test_every_verdict_quotes_its_claim_as_paper_md_states_it():
-    lines = claims.verdicts(_table(), _traffic())
-    assert len(lines) == len(CLAIM_OF) == len(claims.QUOTES)
-    for prefix, key in CLAIM_OF.items():
-        line = _verdict(_table(), prefix, _traffic())
-        assert line.startswith(f"- *“{claims.QUOTES[key]}”* (PAPER.md) — {prefix}"), line
-        others = [q for k, q in claims.QUOTES.items() if k != key]
+def test_every_claim_quotes_paper_md_and_says_the_words_are_ours():
+    decided = claims.verdicts(_table(), _traffic())
+    assert [c.key for c in decided] == list(claims.QUOTES)
+    for c in decided:
+        assert c.claim == claims.QUOTES[c.key]
+        assert c.source == "PAPER.md" and c.in_our_words  # our summary of the paper, in our words
+        line = claims.markdown_line(c)
+        assert line.startswith(f"- *“{c.claim}”* (PAPER.md) — {c.test}: **{c.verdict}** — ")
+        others = [q for k, q in claims.QUOTES.items() if k != c.key]
         assert not [q for q in others if q in line], line  # its own quote only
     # The straggler claim quotes the paper with either of its two decision rules.
     table = _table(**{"nnt-torus-straggler.others_rate_kept": 0.98,
                       "allreduce-straggler.others_rate_kept": 0.4})  # fmt: skip
-    assert claims.QUOTES["straggler"] in _verdict(table, COUPLED)
+    assert _claim(table, "straggler").claim == claims.QUOTES["straggler"]
 
 
 def test_each_quote_occurs_verbatim_in_paper_md():

@@ -39,7 +39,7 @@ def _table(rows):
     return table
 
 
-def test_verdicts_say_what_the_numbers_say():
+def test_verdicts_follow_their_rules():
     table = _table(
         [
             ("none", True, 0.88, 1.0),
@@ -49,13 +49,38 @@ def test_verdicts_say_what_the_numbers_say():
             ("onebit", False, math.nan, 29.0),
         ]
     )
-    assert report.verdicts(table) == [
+    claims = {c.key: c for c in report.verdicts(table)}
+    assert {k: c.verdict for k, c in claims.items()} == {
+        "topk:0.004 · EF": "supported",
+        "topk:0.004 · no EF": "supported",
+        "onebit · EF": "not supported",
+        "onebit · no EF": "supported",
+    }
+    assert claims["topk:0.004 · EF"].figures["points_vs_none"] == pytest.approx(-0.5)
+    assert claims["topk:0.004 · EF"].figures["compression_ratio"] == 125.0
+    assert claims["topk:0.004 · no EF"].figures["points_below_ef"] == pytest.approx(3.5)
+    assert claims["onebit · EF"].figures["points_vs_none"] == pytest.approx(-2.0)
+    assert math.isnan(claims["onebit · no EF"].figures["points_below_ef"])
+    assert claims["onebit · no EF"].figures["diverged_after_epoch"] == 2.0
+    assert claims["onebit · EF"].source == "Seide et al. 2014"
+    assert all(c.in_our_words for c in claims.values())
+    # The summary's sentences, rendered from the claims.
+    assert [report.sentence(c) for c in claims.values()] == [
         "top-k at ×125 with error feedback: -0.50 points against uncompressed — within 1 point.",
         "top-k without error feedback: 3.50 points below the same compressor with it — "
         "measurably worse.",
         "1-bit at ×29 with error feedback: -2.00 points against uncompressed — not within 1 point.",
         "1-bit without error feedback diverged after epoch 2 — measurably worse.",
     ]
+
+
+def test_a_diverged_run_with_error_feedback_is_not_within_the_point():
+    table = _table([("none", True, 0.88, 1.0), ("dgc:0.001", True, math.nan, 100.0)])
+    (claim,) = report.verdicts(table)
+    assert claim.verdict == "not supported" and claim.figures["diverged_after_epoch"] == 2.0
+    assert report.sentence(claim) == (
+        "DGC with error feedback diverged after epoch 2 — not within 1 point."
+    )
 
 
 def test_bytes_at_evaluations_accumulate_rank_zeros_sends():

@@ -3,11 +3,15 @@ synchronous ones stop with a clear error; bad fault specs are refused before any
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
 from common import SMALL
 
+import scaledl_lab.strategies as strategies
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
 from scaledl_lab.cli import main
 from scaledl_lab.experiment import total_steps
@@ -146,3 +150,32 @@ def test_dask_decentralised_run_goes_on_when_a_worker_process_exits(tmp_path):
 def test_dask_synchronous_run_stops_when_a_worker_process_exits(tmp_path):
     with pytest.raises(WorkerLostError, match=r"\(rank 1\) died during run 'allreduce-dask-2w'"):
         _dask_run("allreduce", 2, tmp_path)
+
+
+def test_every_train_row_is_followed_by_the_explicit_fault_point():
+    """A strategy's loop ends a killed worker where it says so: ``ctx.die_if_killed(step)``
+    as the statement right after each ``ctx.log_train(step, ...)``."""
+    missing, sites = [], 0
+    for path in sorted(Path(strategies.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            for stmt, after in zip(body, body[1:] + [None], strict=True):
+                if not _calls(stmt, "log_train"):
+                    continue
+                sites += 1
+                step = ast.unparse(stmt.value.args[0])
+                if after is None or not _calls(after, "die_if_killed", step):
+                    missing.append(f"{path.name}:{stmt.lineno}")
+    assert sites >= 8 and not missing, missing
+
+
+def _calls(stmt, method, first=None):
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == method
+        and (first is None or ast.unparse(call.args[0]) == first)
+    )

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from scaledl_lab.experiment import compare
-from scaledl_lab.studies import long_run, side_by_side
+from scaledl_lab.studies import claims, long_run, side_by_side
 from scaledl_lab.studies.reproduce import LR_GRID, Setting
 
 
@@ -147,7 +147,9 @@ def test_a_tiny_long_run_writes_its_table_bands_and_verdicts(tmp_path, monkeypat
     summary = (tmp_path / "summary.md").read_text()
     assert "## The long comparison (simulated, seeds and learning-rate grid)" in summary
     assert "Learning rates, chosen on validation after 1 epochs (seed 0)" in summary
-    assert "NNT reaches the accuracy of synchronous SGD" in summary
+    decided = claims.verdicts(table)
+    assert [c.key for c in decided] == ["accuracy"]  # allreduce and the torus only
+    assert claims.markdown_line(decided[0]) in summary.splitlines()
 
 
 _real_methods = long_run._sim_methods

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 
 from scaledl_lab.models import build_model, count_parameters
+from scaledl_lab.studies import claims
 from scaledl_lab.studies import reproduce as rp
 from scaledl_lab.training.worker import load_for
 
@@ -90,9 +92,14 @@ def test_report_from_a_small_run(client, tmp_path):
     assert (tmp_path / "traffic" / "metrics.csv").is_file()
     assert "traffic ·" not in (tmp_path / "metrics.csv").read_text()
     # The sweep decides the traffic claim: NNT's bytes per worker are constant in N exactly.
-    claim = "stays constant as the workers grow (within 5%), while a parameter server's grows"
-    assert f"{claim} with them: **supported**" in summary
-    assert "nnt torus 10.22, 10.22 MiB at N = 16, 64 (4 gradients, one per neighbour)" in summary
+    decided = claims.verdicts(
+        pd.read_csv(tmp_path / "comparison.csv"), pd.read_csv(tmp_path / "traffic.csv")
+    )
+    traffic = {c.key: c for c in decided}["traffic"]
+    assert traffic.verdict == "supported"
+    torus = [traffic.figures[f"nnt torus bytes_per_worker_step @{n}w"] for n in (16, 64)]
+    assert torus[0] == torus[1] and torus[0] / 2**20 == pytest.approx(10.22, abs=0.005)
+    assert claims.markdown_line(traffic) in summary.splitlines()  # rendered from the Claim
     cmp = rp.paper_table(results).set_index("run")
     data = load_for(configs[0])
     model_bytes = 4 * count_parameters(

@@ -1,14 +1,17 @@
 """The paper's claims, each decided on measured tables (see :mod:`scaledl_lab.analysis`).
 
 :func:`verdicts` reads the comparison table (:func:`scaledl_lab.analysis.comparison_table`) and
-the traffic sweep (:func:`scaledl_lab.analysis.traffic_table`) and marks every claim
-**supported** or **not supported** by a stated rule, or **inconclusive** where the measured
-difference lies inside the spread over seeds. Runs that differ only in their seed (names ending
-" · seed N") are one method, reported as mean ± standard deviation; variants that differ only in
-their learning rate (" · lr×F") are one method whose rate is chosen on validation
+the traffic sweep (:func:`scaledl_lab.analysis.traffic_table`) and decides every claim into a
+:class:`~scaledl_lab.verdict.Claim`: **supported** or **not supported** by a stated rule, or
+**inconclusive** where the measured difference lies inside the spread over seeds. Runs that
+differ only in their seed (names ending " · seed N") are one method, reported as mean ± standard
+deviation; variants that differ only in their learning rate (" · lr×F") are one method whose
+rate is chosen on validation
 (:func:`by_method`). Every number in its text comes from the tables or from the configs they
-record (topology, straggler setting), never typed in. Each verdict opens with the claim as the
-project's account of the paper (``docs/PAPER.md``) states it, quoted from :data:`QUOTES`.
+record (topology, straggler setting), never typed in. Each claim is quoted from the
+project's account of the paper (``docs/PAPER.md``, :data:`QUOTES`): our summary of the paper in
+our words, not the paper's own (which is not at hand), and every Claim says so
+(``source``, ``in_our_words``). :func:`markdown_line` renders a Claim as the summaries print it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pandas as pd
 
 from ..runtime.sim.cost import Stragglers
 from ..topology import diameter
+from ..verdict import Claim, Verdict, mark
 
 MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
 ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many points
@@ -29,7 +33,9 @@ RATE_KEPT = 0.9  # "not coupled": the other workers keep this fraction of their 
 
 # Each claim as PAPER.md states it, quoted verbatim (its line breaks read as spaces), by the key
 # :func:`verdicts` files the claim's verdict under. The paper's own figures are not available:
-# these are the sentences the measurements answer.
+# these are the sentences the measurements answer. They are our words (PAPER.md's "What it argues
+# (in our words)"), not the paper's.
+SOURCE = "PAPER.md"
 QUOTES: dict[str, str] = {
     "accuracy": "preliminary convergence/scalability results against the distributed training "
     "tools of a mainstream framework (MXNet parameter server, `dist_sync` and `dist_async`)",
@@ -44,10 +50,20 @@ QUOTES: dict[str, str] = {
 }
 
 
-def quoted(claim: str, line: str) -> str:
-    """The verdict ``line`` ("- <what is tested>: <verdict> — <numbers>") of ``claim`` (a key
-    of :data:`QUOTES`), opened by the paper's words."""
-    return f"- *“{QUOTES[claim]}”* (PAPER.md) — {line.removeprefix('- ')}"
+def quoted(key: str, test: str, verdict: Verdict, reason: str, figures: dict[str, float]) -> Claim:
+    """The claim filed under ``key`` (a key of :data:`QUOTES`), quoted from PAPER.md: ``test``
+    what is tested (with its rule), ``reason`` the numbers in words, ``figures`` by name."""
+    return Claim(key=key, claim=QUOTES[key], source=SOURCE, in_our_words=True, test=test,
+                 verdict=verdict, reason=reason, figures=figures)  # fmt: skip
+
+
+def markdown_line(claim: Claim) -> str:
+    """The summary's line: "- *“<quote>”* (PAPER.md) — <what is tested>: **<verdict>** —
+    <numbers>." """
+    return (
+        f"- *“{claim.claim}”* ({claim.source}) — {claim.test}: **{claim.verdict}** — "
+        f"{claim.reason}."
+    )
 
 
 SEED = re.compile(r" · seed \d+$")
@@ -56,17 +72,13 @@ ACCURACIES = ("test_acc_best_worker", "test_acc_spread", "val_acc_best_worker")
 MEANS = ("time_per_epoch_s", "straggler_slowdown", "staleness", "speedup_vs_1_worker")
 
 
-def _mark(ok: bool) -> str:
-    return "**supported**" if ok else "**not supported**"
-
-
-def decide(holds: bool, distance: float, spread: float) -> str:
-    """The verdict on a claim: **inconclusive** when the measured difference is within the
+def decide(holds: bool, distance: float, spread: float) -> Verdict:
+    """The verdict on a claim: "inconclusive" when the measured difference is within the
     seed ``spread`` of the claim's threshold (``distance``: how far it lies from it), else
-    **supported** or **not supported** as ``holds`` says. One seed has no spread (0 or NaN)."""
+    "supported" or "not supported" as ``holds`` says. One seed has no spread (0 or NaN)."""
     if spread > 0 and abs(distance) <= spread:
-        return "**inconclusive**"
-    return _mark(holds)
+        return "inconclusive"
+    return mark(holds)
 
 
 def by_method(table: pd.DataFrame) -> pd.DataFrame:
@@ -132,16 +144,18 @@ def _pick(frame: pd.DataFrame, strategy: str, topology: str = "") -> pd.Series |
     return hits.iloc[0] if len(hits) else None
 
 
-def _traffic_verdict(traffic: pd.DataFrame) -> str | None:
+def _traffic_verdict(traffic: pd.DataFrame) -> Claim | None:
     """Constant per NNT worker, growing with N at a server: decided on the sweep's rows."""
     nnt = traffic[traffic["strategy"].str.startswith("nnt")].sort_values(["method", "workers"])
     ps = traffic[traffic["servers"] > 0].sort_values("workers")
     if nnt.empty or ps["workers"].nunique() < 2:
         return None
-    parts, flat = [], True
+    parts, flat, figures = [], True, {}
     for method, rows in nnt.groupby("method", sort=False):
         sent = rows["bytes_per_worker_step"]
         flat &= bool(sent.max() <= (1 + TRAFFIC_TOLERANCE) * sent.min())
+        figures |= {f"{method} bytes_per_worker_step @{n}w": b for n, b in zip(
+            rows["workers"].astype(int), sent, strict=True)}  # fmt: skip
         grads = (sent / rows["model_bytes"]).mean()
         per = f" ({grads:.0f} gradients, one per neighbour)" if math.isfinite(grads) else ""
         parts.append(f"{method} {_mib(sent)} at N = {_ns(rows['workers'])}{per}")
@@ -149,52 +163,72 @@ def _traffic_verdict(traffic: pd.DataFrame) -> str | None:
     growth = hi["server_bytes_per_round"] / lo["server_bytes_per_round"]
     more = hi["workers"] / lo["workers"]
     grows = bool(growth >= (1 - TRAFFIC_TOLERANCE) * more)
-    return (
-        f"- NNT's traffic per worker stays constant as the workers grow (within "
-        f"{TRAFFIC_TOLERANCE:.0%}), while a parameter server's grows with them: "
-        f"{_mark(flat and grows)} — bytes a worker sends per step: {'; '.join(parts)}; the "
-        f"busiest server moves {_mib(ps['server_bytes_per_round'])} per round at N = "
-        f"{_ns(ps['workers'])} (×{growth:.1f} for ×{more:g} workers; simulated, "
-        f"{int(hi['servers'])} server{'s' if hi['servers'] > 1 else ''})."
+    figures |= {f"server_bytes_per_round @{int(r['workers'])}w": r["server_bytes_per_round"]
+                for _, r in ps.iterrows()}  # fmt: skip
+    figures |= {"server_growth": growth, "workers_growth": more}
+    return quoted(
+        "traffic",
+        f"NNT's traffic per worker stays constant as the workers grow (within "
+        f"{TRAFFIC_TOLERANCE:.0%}), while a parameter server's grows with them",
+        mark(flat and grows),
+        f"bytes a worker sends per step: {'; '.join(parts)}; the busiest server moves "
+        f"{_mib(ps['server_bytes_per_round'])} per round at N = {_ns(ps['workers'])} "
+        f"(×{growth:.1f} for ×{more:g} workers; simulated, "
+        f"{int(hi['servers'])} server{'s' if hi['servers'] > 1 else ''})",
+        figures,
     )
 
 
 def _straggler_verdict(
     strag: pd.DataFrame, s_sync: pd.Series, s_nnt: pd.Series, s_async: pd.Series | None
-) -> str:
+) -> Claim:
     """Decided on the other workers' step rates where the table has them (FAST's claim: a
     worker never waits for a slow neighbour), else on the run's time per epoch."""
     slow, kept = "straggler_slowdown", "others_rate_kept"
     who = _slow_ranks(s_nnt["stragglers"])
     also = f", ×{s_async[slow]:.2f} for async PS" if s_async is not None else ""
     times = f"×{s_sync[slow]:.2f} as long for allreduce, ×{s_nnt[slow]:.2f} for NNT torus{also}"
+    figures = {f"rank_{r}_slower": f for r, f in Stragglers.parse(s_nnt["stragglers"]).slow.items()}
+    figures |= {"allreduce_slowdown": s_sync[slow], "nnt_torus_slowdown": s_nnt[slow]}
+    if s_async is not None:
+        figures["ps_async_slowdown"] = s_async[slow]
+    test = "NNT is not coupled to the slowest worker the way synchronous SGD is"
     if kept in s_nnt and not math.isnan(s_nnt[kept]):
         nnt = strag[(strag["strategy"] == "nnt") & strag["topology"].fillna("").str.startswith(
             "torus")]  # fmt: skip
-        variants = ", ".join(
-            f"{r[kept]:.1%} with {r['run']}" for _, r in nnt.iterrows() if r["run"] != s_nnt["run"]
-        )
-        ok = s_nnt[kept] >= RATE_KEPT
-        return (
-            f"- NNT is not coupled to the slowest worker the way synchronous SGD is (the other "
-            f"workers keep at least {RATE_KEPT:.0%} of their step rate): {_mark(ok)} — with "
-            f"{who}, the others keep {s_nnt[kept]:.1%} of their step rate with NNT torus"
+        others = nnt[nnt["run"] != s_nnt["run"]]
+        variants = ", ".join(f"{r[kept]:.1%} with {r['run']}" for _, r in others.iterrows())
+        figures |= {"nnt_torus_rate_kept": s_nnt[kept], "allreduce_rate_kept": s_sync[kept]}
+        figures |= {f"{r['run']} rate_kept": r[kept] for _, r in others.iterrows()}
+        return quoted(
+            "straggler",
+            f"{test} (the other workers keep at least {RATE_KEPT:.0%} of their step rate)",
+            mark(s_nnt[kept] >= RATE_KEPT),
+            f"with {who}, the others keep {s_nnt[kept]:.1%} of their step rate with NNT torus"
             + (f" ({variants})" if variants else "")
             + f", {s_sync[kept]:.1%} with allreduce; an epoch of the whole run (until its "
-            f"slowest worker is done) takes {times}."
+            f"slowest worker is done) takes {times}",
+            figures,
         )
     ok = s_nnt[slow] < (1 - MARGIN) * s_sync[slow]
-    return (
-        f"- NNT is not coupled to the slowest worker the way synchronous SGD is: {_mark(ok)} "
-        f"— with {who}, an epoch takes {times}."
-    )
+    return quoted("straggler", test, mark(ok), f"with {who}, an epoch takes {times}", figures)
 
 
-def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[str]:
-    """The paper's claims, each marked supported or not by the measured tables: ``table`` as
+def _acc_figures(**rows: pd.Series) -> dict[str, float]:
+    """Each row's best-worker test accuracy (and its seed sd where there are several seeds)."""
+    out = {}
+    for name, row in rows.items():
+        out[f"{name}_acc"] = row["test_acc_best_worker"]
+        if int(row.get("seeds", 1)) > 1:
+            out[f"{name}_acc_sd"] = row["test_acc_best_worker_sd"]
+    return out
+
+
+def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[Claim]:
+    """The paper's claims, each decided on the measured tables: ``table`` as
     :func:`.reproduce.paper_table` builds it (simulated runs decide), ``traffic`` as
     :func:`.reproduce.traffic_summary` does. A claim whose runs are missing is left out; every
-    number in the text comes from the tables or the configs they record."""
+    number in a Claim comes from the tables or the configs they record."""
     sim = table[(table["runtime"] == "sim") & ~table["straggler"]]
     strag = table[table["straggler"]]
     out = []
@@ -204,41 +238,54 @@ def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[s
     acc = "test_acc_best_worker"
     if sync is not None and nnt_t is not None:
         gap = 100 * (sync[acc] - nnt_t[acc])
-        mark = decide(gap <= ACC_POINTS, gap - ACC_POINTS, _sd(sync, nnt_t))
         out.append(
             quoted(
                 "accuracy",
-                f"- NNT reaches the accuracy of synchronous SGD (best worker within {ACC_POINTS:g} "
-                f"points, same epochs): {mark} — torus {_acc(nnt_t)}, "
-                f"{_behind(gap, 'allreduce')} ({_acc(sync)}).",
+                f"NNT reaches the accuracy of synchronous SGD (best worker within {ACC_POINTS:g} "
+                f"points, same epochs)",
+                decide(gap <= ACC_POINTS, gap - ACC_POINTS, _sd(sync, nnt_t)),
+                f"torus {_acc(nnt_t)}, {_behind(gap, 'allreduce')} ({_acc(sync)})",
+                {**_acc_figures(nnt_torus=nnt_t, allreduce=sync), "gap_points": gap},
             )
         )
-    if traffic is not None and (line := _traffic_verdict(traffic)) is not None:
-        out.append(quoted("traffic", line))
+    if traffic is not None and (claim := _traffic_verdict(traffic)) is not None:
+        out.append(claim)
     if sync is not None and nnt_t is not None and ps_sync is not None:
         t = "time_per_epoch_s"
         faster = nnt_t[t] < (1 - MARGIN) * min(sync[t], ps_sync[t])
         out.append(
             quoted(
                 "time",
-                f"- NNT trains faster per epoch than the global patterns (by more than "
-                f"{MARGIN:.0%}): {_mark(faster)} — time per epoch NNT torus {nnt_t[t]:.2f} s, "
-                f"allreduce {sync[t]:.2f} s, PS sync {ps_sync[t]:.2f} s (simulated, "
-                f"{int(nnt_t['workers'])} workers, steady state).",
+                f"NNT trains faster per epoch than the global patterns (by more than {MARGIN:.0%})",
+                mark(faster),
+                f"time per epoch NNT torus {nnt_t[t]:.2f} s, allreduce {sync[t]:.2f} s, PS sync "
+                f"{ps_sync[t]:.2f} s (simulated, {int(nnt_t['workers'])} workers, steady state)",
+                {
+                    "nnt_torus_s": nnt_t[t],
+                    "allreduce_s": sync[t],
+                    "ps_sync_s": ps_sync[t],
+                    "workers": nnt_t["workers"],
+                },
             )
         )
     s_sync, s_async = _pick(strag, "allreduce"), _pick(strag, "ps-async")
     s_nnt = _pick(strag, "nnt", "torus")
     if s_sync is not None and s_nnt is not None:
-        out.append(quoted("straggler", _straggler_verdict(strag, s_sync, s_nnt, s_async)))
+        out.append(_straggler_verdict(strag, s_sync, s_nnt, s_async))
     if ps_async is not None and sync is not None:
         gap = 100 * (sync[acc] - ps_async[acc])
         out.append(
             quoted(
                 "staleness",
-                f"- Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in "
-                f"accuracy: {decide(gap > 0, gap, _sd(sync, ps_async))} — {_acc(ps_async)}, "
-                f"{_behind(gap, 'synchronous allreduce')} ({_acc(sync)}).",
+                f"Asynchronous PS pays for staleness (mean {ps_async['staleness']:.1f}) in "
+                f"accuracy",
+                decide(gap > 0, gap, _sd(sync, ps_async)),
+                f"{_acc(ps_async)}, {_behind(gap, 'synchronous allreduce')} ({_acc(sync)})",
+                {
+                    **_acc_figures(ps_async=ps_async, allreduce=sync),
+                    "gap_points": gap,
+                    "staleness": ps_async["staleness"],
+                },
             )
         )
     if nnt_r is not None and nnt_t is not None:
@@ -250,11 +297,19 @@ def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[s
         out.append(
             quoted(
                 "topology",
-                f"- Information crosses the torus in fewer hops than the ring (diameter {d_t} vs "
-                f"{d_r} at {n} workers), so NNT's workers agree more on the torus: "
-                f"{decide(spread_t < spread_r, spread_t - spread_r, sd)} — spread of the workers' "
-                f"test accuracies {spread_t:.1f} vs {spread_r:.1f} points; best worker "
-                f"{_acc(nnt_t)} vs {_acc(nnt_r)}.",
+                f"Information crosses the torus in fewer hops than the ring (diameter {d_t} vs "
+                f"{d_r} at {n} workers), so NNT's workers agree more on the torus",
+                decide(spread_t < spread_r, spread_t - spread_r, sd),
+                f"spread of the workers' test accuracies {spread_t:.1f} vs {spread_r:.1f} "
+                f"points; best worker {_acc(nnt_t)} vs {_acc(nnt_r)}",
+                {
+                    "torus_diameter": d_t,
+                    "ring_diameter": d_r,
+                    "workers": n,
+                    "torus_spread_points": spread_t,
+                    "ring_spread_points": spread_r,
+                    **_acc_figures(nnt_torus=nnt_t, nnt_ring=nnt_r),
+                },
             )
         )
     return out

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 
 from ..experiment import Results
 from ..viz.plots import line_styles
-from .claims import LR_VARIANT, SEED, by_method, verdicts
+from .claims import LR_VARIANT, SEED, by_method, markdown_line, verdicts
 from .reproduce import (
     LR_GRID,
     SIM_WORKERS,
@@ -178,7 +178,7 @@ def write_long_report(
         "",
         "## Claims of the paper, checked against these figures",
         "",
-        *verdicts(table),
+        *(markdown_line(c) for c in verdicts(table)),
         "",
     ]
     with (out / "summary.md").open("a") as f:

@@ -45,7 +45,7 @@ from ..experiment import Results, compare
 from ..models import build_model, count_parameters, model_flops
 from ..runtime.sim.cost import build_cost_model
 from ..training.worker import load_for
-from .claims import verdicts
+from .claims import markdown_line, verdicts
 from .scaling import traffic_configs as sweep_configs
 from .side_by_side import compare_side_by_side, run_side_by_side, saved_apart
 
@@ -329,7 +329,7 @@ def write_report(results: Results, out: Path, traffic: Results | None = None) ->
             "",
             traffic_markdown(sweep),
         ]
-    claims = verdicts(table, sweep) or [
+    claims = [markdown_line(c) for c in verdicts(table, sweep)] or [
         "None decided: the simulated runs that decide them were not part of this comparison."
     ]
     lines += ["## Claims of the paper, checked against these figures", "", *claims]

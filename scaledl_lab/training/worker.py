@@ -196,6 +196,7 @@ class WorkerContext:
     ) -> None:
         """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default).
         Compressed runs add ``bytes_uncompressed``: ``sent`` + what the codecs saved since.
+        Every strategy calls :meth:`die_if_killed` right after it (an injected fault).
 
         ``counted``: the samples this row adds to the run's throughput, when several workers
         share one mini-batch (a pipeline counts it once, on its last stage); default all.
@@ -218,10 +219,14 @@ class WorkerContext:
                 bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
             )
         )
-        if step == self.kill_step:  # record the shard the run loses with this worker, then die
-            lost = Row(kind="worker-lost", epoch=self.progress(step), step=step,
-                       time=self.comm.now(), samples=len(self.shard))  # fmt: skip
-            self.log(lost)
+
+    def die_if_killed(self, step: int) -> None:
+        """End this worker after its step ``step`` if the run injects ``kill:RANK:STEP`` there,
+        as a crash would: a ``worker-lost`` row records the shard lost with it, then
+        :meth:`Comm.die` (on Dask the process exits, ``os._exit``; the simulator raises)."""
+        if step == self.kill_step:
+            self.log(Row(kind="worker-lost", epoch=self.progress(step), step=step,
+                         time=self.comm.now(), samples=len(self.shard)))  # fmt: skip
             self.comm.die(step)
 
     def log_event(
@@ -230,20 +235,10 @@ class WorkerContext:
         """One forward or backward of a pipeline stage: a row of the events table."""
         cfg = self.config
         stage = self.rank % cfg.model_parallel_size
-        self.emit(
-            {
-                "table": "events",
-                "run": self.run_label,
-                "rank": self.rank,
-                "replica": self.data_rank,
-                "stage": stage,
-                "step": step,
-                "micro_batch": micro_batch,
-                "phase": phase,
-                "start": start,
-                "end": end,
-            }
-        )
+        self.emit({"table": "events", "run": self.run_label, "rank": self.rank,
+                   "replica": self.data_rank, "stage": stage, "step": step,
+                   "micro_batch": micro_batch, "phase": phase, "start": start,
+                   "end": end})  # fmt: skip
 
     def keep_model(self, model: nn.Module, key: str = "state_dict") -> None:
         """Return ``model``'s final weights from this rank (CPU copies) under ``key``."""

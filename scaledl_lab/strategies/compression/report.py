@@ -5,7 +5,8 @@ works the survey cites, accuracy against epochs and against bytes sent, and the 
 Claims: Seide et al. 2014 (1-bit SGD with error feedback loses no accuracy), Lin et al. 2018
 (DGC: top-k at 270-600x with no loss), Stich et al. 2018 / Karimireddy et al. 2019 (without
 error feedback a sparsifier is measurably worse), Vogels et al. 2019 (PowerSGD rank 2 matches
-the uncompressed run; here beside torch's own hook).
+the uncompressed run; here beside torch's own hook). Each claim, in our words, is decided into a
+:class:`~scaledl_lab.verdict.Claim` (:func:`verdicts`); :func:`sentence` renders it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,20 @@ from matplotlib.figure import Figure
 
 from ...experiment import Results
 from ...metrics import compression_ratio
+from ...verdict import Claim, mark
 from ...viz.plots import summary_markdown
 
 WITHIN = 0.01  # "within 1 point"
+WORSE_POINTS = 0.5  # "measurably worse": more than this many points below
+# Who claims it for each compressor with error feedback; without it, for every compressor.
+EF_SOURCE = {"topk:0.004": "Stich et al. 2018", "onebit": "Seide et al. 2014",
+             "dgc:0.001": "Lin et al. 2018"}  # fmt: skip
+NO_EF_SOURCE = "Stich et al. 2018; Karimireddy et al. 2019"
+# What a verdict says in the words of the summary, for claims with and without error feedback.
+WORDS = {
+    "EF": {"supported": "within 1 point", "not supported": "not within 1 point"},
+    "no EF": {"supported": "measurably worse", "not supported": "not worse"},
+}
 
 
 def accuracy_table(results: Results) -> pd.DataFrame:
@@ -65,40 +77,60 @@ def _row(table: pd.DataFrame, compress: str, ef: bool) -> pd.Series | None:
     return None if hit.empty else hit.iloc[0]
 
 
-def _ef_claim(who: str, row: pd.Series) -> str:
+def _ef_claim(compress: str, who: str, row: pd.Series) -> Claim:
+    points, epoch = row["points_vs_none"], row["diverged_after_epoch"]
+    figures = {"compression_ratio": row["compression_ratio"], "points_vs_none": points,
+               "test_accuracy": row["test_accuracy"], "diverged_after_epoch": epoch}  # fmt: skip
     if math.isnan(row["test_accuracy"]):
-        return f"{who} with error feedback diverged after epoch {row['diverged_after_epoch']:g}."
-    held = row["points_vs_none"] >= -100 * WITHIN
-    return (
-        f"{who} at ×{row['compression_ratio']:.0f} with error feedback: "
-        f"{row['points_vs_none']:+.2f} points against uncompressed — "
-        f"{'within' if held else 'not within'} 1 point."
-    )
-
-
-def _no_ef_claim(who: str, ef: pd.Series, no_ef: pd.Series) -> str:
-    if math.isnan(no_ef["test_accuracy"]):
-        return (
-            f"{who} without error feedback diverged after epoch "
-            f"{no_ef['diverged_after_epoch']:g} — measurably worse."
+        held, reason = False, f"{who} with error feedback diverged after epoch {epoch:g}"
+    else:
+        held = points >= -100 * WITHIN
+        reason = (
+            f"{who} at ×{row['compression_ratio']:.0f} with error feedback: {points:+.2f} points "
+            "against uncompressed"
         )
-    gap = 100 * (ef["test_accuracy"] - no_ef["test_accuracy"])
-    return (
-        f"{who} without error feedback: {abs(gap):.2f} points {'below' if gap >= 0 else 'above'} "
-        f"the same compressor with it — {'measurably worse' if gap > 0.5 else 'not worse'}."
+    claim = f"{who} with error feedback loses no accuracy: within 1 point of uncompressed"
+    return Claim(key=f"{compress} · EF", claim=claim, source=EF_SOURCE[compress],
+                 in_our_words=True, verdict=mark(held), reason=reason, figures=figures)  # fmt: skip
+
+
+def _no_ef_claim(compress: str, who: str, ef: pd.Series, no_ef: pd.Series) -> Claim:
+    epoch = no_ef["diverged_after_epoch"]
+    if math.isnan(no_ef["test_accuracy"]):
+        worse, gap = True, math.nan
+        reason = f"{who} without error feedback diverged after epoch {epoch:g}"
+    else:
+        gap = 100 * (ef["test_accuracy"] - no_ef["test_accuracy"])
+        worse = gap > WORSE_POINTS
+        reason = (
+            f"{who} without error feedback: {abs(gap):.2f} points "
+            f"{'below' if gap >= 0 else 'above'} the same compressor with it"
+        )
+    claim = (
+        f"Without error feedback, {who} is measurably worse: more than {WORSE_POINTS:g} points "
+        "below the same compressor with it"
     )
+    return Claim(key=f"{compress} · no EF", claim=claim, source=NO_EF_SOURCE, in_our_words=True,
+                 verdict=mark(worse), reason=reason,
+                 figures={"points_below_ef": gap, "diverged_after_epoch": epoch})  # fmt: skip
 
 
-def verdicts(table: pd.DataFrame) -> list[str]:
-    """The claims against the measured table: one sentence each, numbers from the table."""
+def verdicts(table: pd.DataFrame) -> list[Claim]:
+    """The claims against the measured table, numbers from the table."""
     out = []
     for compress, who in (("topk:0.004", "top-k"), ("onebit", "1-bit"), ("dgc:0.001", "DGC")):
         ef, no_ef = _row(table, compress, True), _row(table, compress, False)
         if ef is not None:
-            out.append(_ef_claim(who, ef))
+            out.append(_ef_claim(compress, who, ef))
             if no_ef is not None:
-                out.append(_no_ef_claim(who, ef, no_ef))
+                out.append(_no_ef_claim(compress, who, ef, no_ef))
     return out
+
+
+def sentence(claim: Claim) -> str:
+    """The summary's sentence: the numbers, then what the verdict says ("within 1 point",
+    "measurably worse", …)."""
+    return f"{claim.reason} — {WORDS[claim.key.rpartition(' · ')[2]][claim.verdict]}."
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -172,16 +204,25 @@ def _markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """summary.md and compression_accuracy.png of a study folder: the standard table, the
+    """summary.md (:func:`report_text`) and compression_accuracy.png of a study folder."""
+    out = Path(out)
+    results = Results.load(out)
+    text = report_text(results, out)
+    (out / "summary.md").write_text(text)
+    save_figures(results, out)
+    return text
+
+
+def report_text(results: Results, out: str | os.PathLike[str]) -> str:
+    """The summary.md of a study folder (``results`` loaded from it): the standard table, the
     accuracy table and the verdicts, time per step by network (``step_times.csv``), PowerSGD
     beside torch's hook and encode + decode beside the backward pass (``powersgd_vs_torch.json``
     and ``encode_decode.json``, from ``benchmarks/bench_compression.py --out``) when there."""
     out = Path(out)
-    results = Results.load(out)
     table = accuracy_table(results)
     text = "# Gradient compression study\n\n" + summary_markdown(results.frame)
     text += "\n## Accuracy after equal epochs\n\n" + _markdown(table.round(4))
-    text += "\n" + "\n".join(f"- {v}" for v in verdicts(table)) + "\n"
+    text += "\n" + "\n".join(f"- {sentence(c)}" for c in verdicts(table)) + "\n"
     path = out / "step_times.csv"
     if path.exists():
         measured = pd.read_csv(path)
@@ -197,8 +238,6 @@ def write_report(out: str | os.PathLike[str]) -> str:
     path = out / "encode_decode.json"
     if path.exists():
         text += "\n## Encode + decode beside the backward pass\n\n" + encode_decode_markdown(path)
-    (out / "summary.md").write_text(text)
-    save_figures(results, out)
     return text
 
 

@@ -227,6 +227,7 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         optimizer.step()
         step += 1
         ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr)
+        ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)
         await save_if_due(ctx, step, model, optimizer)

@@ -117,6 +117,7 @@ async def train(ctx: WorkerContext) -> None:
             sent=comm.bytes_sent - sent_before,
             lr=lr_of(optimizer),
         )
+        ctx.die_if_killed(step)
         if step < ctx.total_steps and ctx.is_boundary(step):
             await _evaluate_centre(ctx, centre_model, centre, step, is_async)
     if is_async:

@@ -229,6 +229,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             lr=lr_of(optimizer),
             staleness=staleness,
         )
+        ctx.die_if_killed(step)
         if ctx.is_boundary(step) and lead is None and not staged:
             # No synchronisation: this worker's own evaluation, its weights kept for later.
             scores = await ctx.evaluate_local(model, epoch=ctx.progress(step), step=step)

@@ -97,10 +97,11 @@ async def finish_step(
     sent_before: int,
     lr: float,
 ) -> dict[str, float]:
-    """The loop tail: log step ``step``'s train row (bytes sent since ``sent_before``); at an
-    epoch boundary, the consensus and every worker's evaluation. Returns the latest scores
-    (``scores`` between boundaries)."""
+    """The loop tail: log step ``step``'s train row (bytes sent since ``sent_before``), where an
+    injected fault ends this worker (``die_if_killed``); at an epoch boundary, the consensus
+    and every worker's evaluation. Returns the latest scores (``scores`` between boundaries)."""
     ctx.log_train(step, stats, sent=ctx.comm.bytes_sent - sent_before, lr=lr)
+    ctx.die_if_killed(step)
     if ctx.is_boundary(step):
         return await epoch_end(ctx, model, step)
     return scores

@@ -1,18 +1,20 @@
 """The large-batch claims (Goyal et al. 2017; Smith et al. 2017; Keskar et al. 2016), each
 decided on measured tables by a stated rule, and the figures that show them, each titled with
-the claim and whether our run supports it. Every number in a title comes from the tables."""
+the claim and whether our run supports it. Every number in a title comes from the tables. The
+claims are our paraphrases of those works, with the thresholds we test; each is decided into a
+:class:`~scaledl_lab.verdict.Claim`."""
 
 from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from ...training.schedule import StepPlan
+from ...verdict import Claim, mark
 
 GAP_POINTS = 2.0  # "loses accuracy": at least this many points of test accuracy
 RECOVERED = 0.5  # "recovers": at least this share of the gap
@@ -23,21 +25,20 @@ COLOURS = {"small": "#4C72B0", "naive": "#C44E52", "scaled": "#8172B2", "warmup"
            "lars": "#DD8452", "decay": "#4C72B0", "grow": "#55A868"}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Claim:
-    key: str
-    claim: str
-    measured: str
-    supported: bool
+def title(claim: Claim) -> str:
+    """A figure's title: the claim, our verdict and the numbers."""
+    text = f"{claim.claim} — our run: {claim.verdict.upper()} ({claim.reason})"
+    return "\n".join(textwrap.wrap(text, 95))
 
-    @property
-    def verdict(self) -> str:
-        return "supported" if self.supported else "not supported"
 
-    @property
-    def title(self) -> str:
-        text = f"{self.claim} — our run: {self.verdict.upper()} ({self.measured})"
-        return "\n".join(textwrap.wrap(text, 95))
+def markdown_line(claim: Claim) -> str:
+    """The summary's line: "- <claim>: **<verdict>** (<numbers>)"."""
+    return f"- {claim.claim}: **{claim.verdict}** ({claim.reason})"
+
+
+def _claim(key: str, source: str, claim: str, holds: bool, reason: str, **figures: float) -> Claim:
+    return Claim(key=key, claim=claim, source=source, in_our_words=True, verdict=mark(holds),
+                 reason=reason, figures=figures)  # fmt: skip
 
 
 def _run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
@@ -80,13 +81,20 @@ def verdicts(
     no warmup), warmup (linear + warmup), lars, decay (step LR), grow (batch schedule)."""
     acc = {role: final_accuracy(frame, run) for role, run in roles.items()}
     gap = 100 * (acc["small"] - acc["naive"])
+    small_batch, naive_batch = _batch(frame, roles["small"]), _batch(frame, roles["naive"])
     claims = {
-        "gap": Claim(
+        "gap": _claim(
             "gap",
+            "Keskar et al. 2016",
             f"A naive large batch loses ≥ {GAP_POINTS:g} points of test accuracy at equal epochs",
-            f"batch {_batch(frame, roles['small'])}: {acc['small']:.1%}, batch "
-            f"{_batch(frame, roles['naive'])}: {acc['naive']:.1%}, {gap:.1f} points",
             gap >= GAP_POINTS,
+            f"batch {small_batch}: {acc['small']:.1%}, batch {naive_batch}: {acc['naive']:.1%}, "
+            f"{gap:.1f} points",
+            small_acc=acc["small"],
+            naive_acc=acc["naive"],
+            gap_points=gap,
+            small_batch=small_batch,
+            naive_batch=naive_batch,
         )
     }
     recovered = 100 * (acc["warmup"] - acc["naive"]) / gap if gap > 0 else math.nan  # a share
@@ -95,31 +103,44 @@ def verdicts(
         if roles["scaled"] in diverged
         else f"{acc['scaled']:.1%} without warmup"
     )
-    claims["warmup"] = Claim(
+    claims["warmup"] = _claim(
         "warmup",
+        "Goyal et al. 2017",
         f"Linear scaling with warmup recovers ≥ {RECOVERED:.0%} of that gap (Goyal et al. 2017)",
-        f"{acc['warmup']:.1%} with warmup, {recovered:.0%} of the gap; {scaled}",
         gap > 0 and recovered >= RECOVERED,
+        f"{acc['warmup']:.1%} with warmup, {recovered:.0%} of the gap; {scaled}",
+        warmup_acc=acc["warmup"],
+        recovered_share=recovered,
+        scaled_acc=acc["scaled"],
+        scaled_diverged=roles["scaled"] in diverged,
     )
     fewer = updates(frame, roles["decay"]) / max(1, updates(frame, roles["grow"]))
     diff = 100 * (acc["grow"] - acc["decay"])
-    claims["smith"] = Claim(
+    claims["smith"] = _claim(
         "smith",
+        "Smith et al. 2017",
         f"Growing the batch matches decaying the LR within {MATCH_POINTS:g} point with "
         f"≥ {FEWER_UPDATES:g}× fewer updates (Smith et al. 2017)",
-        f"{acc['grow']:.1%} vs {acc['decay']:.1%} ({diff:+.1f} points), {fewer:.1f}× fewer updates",
         abs(diff) <= MATCH_POINTS and fewer >= FEWER_UPDATES,
+        f"{acc['grow']:.1%} vs {acc['decay']:.1%} ({diff:+.1f} points), {fewer:.1f}× fewer updates",
+        grow_acc=acc["grow"],
+        decay_acc=acc["decay"],
+        diff_points=diff,
+        fewer_updates=fewer,
     )
     s = sharp.set_index("run")
     small, large = s.loc[roles["small"]], s.loc[roles["naive"]]
     eig = large["top_eigenvalue"] / small["top_eigenvalue"]
     eps = large["epsilon_sharpness"] / small["epsilon_sharpness"]
-    claims["sharp"] = Claim(
+    claims["sharp"] = _claim(
         "sharp",
+        "Keskar et al. 2016",
         "Large-batch training converges to sharper minima (Keskar et al. 2016): both measures "
         f"≥ {SHARPER:g}×",
-        f"top Hessian eigenvalue ×{eig:.2f}, ε-sharpness ×{eps:.2f} for the large batch",
         eig >= SHARPER and eps >= SHARPER,
+        f"top Hessian eigenvalue ×{eig:.2f}, ε-sharpness ×{eps:.2f} for the large batch",
+        eigenvalue_ratio=eig,
+        epsilon_sharpness_ratio=eps,
     )
     return claims
 
@@ -171,7 +192,7 @@ def figure_accuracy(
               if len(test_curve(frame, r)) > 1)  # fmt: skip
     for ax in axes[0]:
         ax.set_ylim(max(0, low - 2), None)  # the untrained first point would flatten the rest
-    fig.suptitle(claim.title, fontsize=9)
+    fig.suptitle(title(claim), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -208,7 +229,7 @@ def figure_sharpness(sharp: pd.DataFrame, line: pd.DataFrame, roles: dict[str, s
         for i, value in enumerate(table[column]):
             ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom", fontsize=8)
     plot_slice(line, *runs, ax=axes[2])
-    fig.suptitle(claim.title, fontsize=9)
+    fig.suptitle(title(claim), fontsize=9)
     fig.tight_layout()
     return fig
 

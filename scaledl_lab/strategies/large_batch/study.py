@@ -22,11 +22,12 @@ from ...errors import DivergenceError
 from ...experiment import Results, environment_info, run
 from ...metrics import to_frame
 from ...training.plan import load_for
+from ...verdict import Claim
 from .report import (
-    Claim,
     figure_accuracy,
     figure_schedules,
     figure_sharpness,
+    markdown_line,
     schedule_frame,
     verdicts,
 )
@@ -149,7 +150,7 @@ class Study:
                  "(`python -m scaledl_lab.strategies.large_batch.study`).", "",
                  "| run | final test accuracy | updates | diverged |", "|---|---:|---:|---|",
                  *rows, "", "## Claims", ""]  # fmt: skip
-        lines += [f"- {c.claim}: **{c.verdict}** ({c.measured})" for c in self.claims.values()]
+        lines += [markdown_line(c) for c in self.claims.values()]
         cols = list(self.sharpness.columns)
         table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         table += ["| " + " | ".join(v if isinstance(v, str) else f"{v:.4g}" for v in row) + " |"

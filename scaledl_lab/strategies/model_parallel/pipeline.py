@@ -248,6 +248,7 @@ async def train(ctx: WorkerContext) -> None:
         counted = stats.samples if stage.is_last else 0  # a mini-batch counts once per replica
         sent = comm.bytes_sent - sent_before
         ctx.log_train(step, stats, sent=sent, lr=lr, counted=counted)
+        ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await stage.evaluate(epoch=ctx.progress(step), step=step)
     state = model.state_dict()

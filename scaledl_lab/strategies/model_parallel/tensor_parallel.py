@@ -213,6 +213,7 @@ async def train(ctx: WorkerContext) -> None:
         counted = stats.samples if comm.is_root else 0  # one batch for all: counted once
         sent = comm.bytes_sent - sent_before
         ctx.log_train(step, stats, sent=sent, lr=lr_of(optimizer), counted=counted)
+        ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await evaluate(ctx, model, epoch=ctx.progress(step), step=step)
     ctx.keep_model(await model.unsplit(comm, ctx.build_model()))

@@ -85,6 +85,7 @@ async def train(ctx: WorkerContext) -> None:
                 lr=lr_of(optimizer),
                 epoch=min(done, target) / per_epoch,
             )
+            ctx.die_if_killed(step)
             if done >= target:
                 break
             if ctx.rank == 0 and done // per_epoch > evaluated:

@@ -262,6 +262,7 @@ async def train(ctx: WorkerContext) -> None:
             staleness=staleness,
             epoch=min(shards.progress, target) / per_epoch,
         )
+        ctx.die_if_killed(step)
         if ctx.rank == 0 and shards.progress // per_epoch > evaluated and shards.progress < target:
             evaluated = int(shards.progress // per_epoch)
             await ctx.evaluate_local(model, epoch=shards.progress / per_epoch, step=step)
