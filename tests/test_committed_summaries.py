@@ -13,7 +13,7 @@ from scaledl_lab.experiment import Results
 from scaledl_lab.strategies.compression import report
 from scaledl_lab.strategies.large_batch.study import load_study
 from scaledl_lab.studies import claims
-from scaledl_lab.verdict import VERDICTS, Claim
+from scaledl_lab.studies.verdict import VERDICTS, Claim
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CLAIMS_HEADING = "## Claims of the paper, checked against these figures"

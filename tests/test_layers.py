@@ -24,8 +24,6 @@ LAYERS: dict[str, int] = {
     # the shared foundations at the root, and the data sources
     "config": 1, "models": 1, "params": 1, "topology": 1, "metrics": 1, "environment": 1,
     "data": 1,
-    # a claim decided on measured figures (Claim): what every verdict module returns
-    "verdict": 1,
     # the communication interface (base.py) and what both runtimes share (memory.py)
     "runtime": 2,
     # the two runtimes, peers (PEERS): the simulator with its cost model; Dask with its cluster

@@ -2,7 +2,7 @@
 
 :func:`verdicts` reads the comparison table (:func:`scaledl_lab.analysis.comparison_table`) and
 the traffic sweep (:func:`scaledl_lab.analysis.traffic_table`) and decides every claim into a
-:class:`~scaledl_lab.verdict.Claim`: **supported** or **not supported** by a stated rule, or
+:class:`~scaledl_lab.studies.verdict.Claim`: **supported** or **not supported** by a stated rule, or
 **inconclusive** where the measured difference lies inside the spread over seeds. Runs that
 differ only in their seed (names ending " · seed N") are one method, reported as mean ± standard
 deviation; variants that differ only in their learning rate (" · lr×F") are one method whose
@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..runtime.sim.cost import Stragglers
 from ..topology import diameter
-from ..verdict import Claim, Verdict, mark
+from .verdict import Claim, Verdict, mark
 
 MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
 ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many points

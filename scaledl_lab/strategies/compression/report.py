@@ -6,7 +6,7 @@ Claims: Seide et al. 2014 (1-bit SGD with error feedback loses no accuracy), Lin
 (DGC: top-k at 270-600x with no loss), Stich et al. 2018 / Karimireddy et al. 2019 (without
 error feedback a sparsifier is measurably worse), Vogels et al. 2019 (PowerSGD rank 2 matches
 the uncompressed run; here beside torch's own hook). Each claim, in our words, is decided into a
-:class:`~scaledl_lab.verdict.Claim` (:func:`verdicts`); :func:`sentence` renders it.
+:class:`~scaledl_lab.studies.verdict.Claim` (:func:`verdicts`); :func:`sentence` renders it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from ...experiment import Results
 from ...metrics import compression_ratio
-from ...verdict import Claim, mark
+from ...studies.verdict import Claim, mark
 from ...viz.plots import summary_markdown
 
 WITHIN = 0.01  # "within 1 point"

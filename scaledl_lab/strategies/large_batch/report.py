@@ -2,7 +2,7 @@
 decided on measured tables by a stated rule, and the figures that show them, each titled with
 the claim and whether our run supports it. Every number in a title comes from the tables. The
 claims are our paraphrases of those works, with the thresholds we test; each is decided into a
-:class:`~scaledl_lab.verdict.Claim`."""
+:class:`~scaledl_lab.studies.verdict.Claim`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ...studies.verdict import Claim, mark
 from ...training.schedule import StepPlan
-from ...verdict import Claim, mark
 
 GAP_POINTS = 2.0  # "loses accuracy": at least this many points of test accuracy
 RECOVERED = 0.5  # "recovers": at least this share of the gap

@@ -21,8 +21,8 @@ from ...config import ExperimentConfig
 from ...errors import DivergenceError
 from ...experiment import Results, environment_info, run
 from ...metrics import to_frame
+from ...studies.verdict import Claim
 from ...training.plan import load_for
-from ...verdict import Claim
 from .report import (
     figure_accuracy,
     figure_schedules,
