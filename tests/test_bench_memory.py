@@ -65,14 +65,16 @@ def test_summed_pss_counts_the_child_and_the_grandchild(bench, tmp_path):
     # before the exec, so it is not compared with the sampled figure here).
     assert loaded["rusage_maxrss"] >= 200 * MB
     assert loaded["unreadable"] == 0 and loaded["left_behind"] == 0
-    assert 1.5 <= loaded["wall"] < 8
-    assert loaded["samples"] >= 10
+    # the tree sleeps 1.5 s; sampled every 0.1 s, within the run it measured
+    assert loaded["wall"] >= 1.5 and loaded["samples"] >= 10
+    assert loaded["samples"] == len(loaded["timeline"])
+    assert all(0 <= t <= loaded["wall"] for t, _, _ in loaded["timeline"])
 
 
 def test_a_failing_command_keeps_its_exit_code(bench):
     figures = bench.measure([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), 0.1)
     assert figures["exit_code"] == 3
-    assert figures["samples"] >= 1 and figures["wall"] < 5
+    assert figures["samples"] >= 1 and figures["samples"] == len(figures["timeline"])
 
 
 def test_budgets_are_judged_in_quick_mode_only(bench):
