@@ -1,0 +1,105 @@
+"""Are live Dask ranks ever reported lost on a loaded machine? And is a real loss still caught?
+
+Real multi-worker runs — synchronous allreduce, unbounded NNT on a ring, asynchronous PS — with
+more workers than cores (``--oversubscribe``) while CPU-hog processes keep every core busy, as
+forty kernels do on a classroom server. Each kind runs ``--runs`` times in a row; a run that
+ends in ``WorkerLostError`` although no worker was killed is a false loss. Then a worker is
+really killed (``--faults kill:1:STEP``) in the same conditions: the synchronous run must stop
+with ``WorkerLostError`` and the asynchronous one go on with the survivors.
+
+    python benchmarks/stress_workers.py [--runs 20] [--workers 4] [--steps 300] [--hogs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from scaledl_lab import ExperimentConfig, WorkerLostError, run
+from scaledl_lab.runtime.dask.cluster import connect
+
+KINDS = {
+    "allreduce": dict(strategy="allreduce"),
+    "nnt unbounded": dict(strategy="nnt", topology="ring", optimizer="adagrad", lr=0.01,
+                          momentum=0.0),
+    "ps-async": dict(strategy="ps-async", lr=0.01, momentum=0.0),
+}  # fmt: skip
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def hogs(n: int) -> Iterator[None]:
+    """``n`` processes that keep a core busy each, until the block ends."""
+    procs = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+
+
+def config(kind: str, workers: int, steps: int, **extra) -> ExperimentConfig:
+    return ExperimentConfig(
+        runtime="dask", workers=workers, oversubscribe=True, dataset="fashion-mnist",
+        model="mlp", batch_size=32, train_subset=workers * 32 * steps, val_size=200,
+        test_subset=200, epochs=1, **{**KINDS[kind], **extra},
+    )  # fmt: skip
+
+
+def attempt(client, cfg: ExperimentConfig) -> tuple[str, float]:
+    """('ok' | 'worker lost: ...' | 'error: ...', seconds)."""
+    start = time.perf_counter()
+    try:
+        run(cfg, client=client, progress=False, log=None)
+        outcome = "ok"
+    except WorkerLostError as exc:
+        outcome = f"worker lost: {exc}"
+    except Exception as exc:  # noqa: BLE001 - counted and printed, the campaign goes on
+        outcome = f"error: {type(exc).__name__}: {exc}"
+    return outcome, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=20, help="runs of each kind (default 20)")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=300, help="steps per worker and run")
+    parser.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy processes")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    args = parser.parse_args()
+    print(f"{args.workers} workers on {os.cpu_count()} cores, {args.hogs} CPU hogs, "
+          f"{args.steps} steps per run")  # fmt: skip
+    false_losses = 0
+    with hogs(args.hogs), connect(args.workers, dashboard=False, log=None) as client:
+        for kind in args.kinds:
+            cfg = config(kind, args.workers, args.steps)
+            for i in range(args.runs):
+                outcome, seconds = attempt(client, cfg)
+                false_losses += outcome.startswith("worker lost")
+                print(f"{kind:<14} run {i + 1:2d}/{args.runs}: {outcome} ({seconds:.1f} s)",
+                      flush=True)  # fmt: skip
+        print(f"\nfalse worker losses: {false_losses}")
+    # A real loss, in the same conditions, on a cluster of its own (the killed worker's
+    # process ends; the nanny starts a new one, which must not be mistaken for it).
+    for kind, expect in (("allreduce", "worker lost"), ("ps-async", "ok")):
+        cfg = config(kind, args.workers, args.steps, faults=f"kill:1:{args.steps // 4}")
+        with hogs(args.hogs), connect(args.workers, dashboard=False, log=None) as client:
+            outcome, seconds = attempt(client, cfg)
+        verdict = "as expected" if outcome.startswith(expect) else "NOT as expected"
+        print(f"{kind:<14} rank 1 killed at step {args.steps // 4}: {outcome} "
+              f"({seconds:.1f} s; {verdict})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
