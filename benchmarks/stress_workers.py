@@ -8,6 +8,7 @@ really killed (``--faults kill:1:STEP``) in the same conditions: the synchronous
 with ``WorkerLostError`` and the asynchronous one go on with the survivors.
 
     python benchmarks/stress_workers.py [--runs 20] [--workers 4] [--steps 300] [--hogs 2]
+                                        [--lost-after 0] [--kinds "nnt unbounded"] [--no-kill]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from scaledl_lab import ExperimentConfig, WorkerLostError, run
+from scaledl_lab.runtime.dask import driver
 from scaledl_lab.runtime.dask.cluster import connect
 
 KINDS = {
@@ -77,7 +79,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="steps per worker and run")
     parser.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy processes")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument(
+        "--lost-after", type=float, default=None,
+        help="seconds the driver waits before it believes a worker missing from the "
+        "scheduler's list is dead (default: the library's LOST_AFTER_S); 0 tests the wait",
+    )  # fmt: skip
+    parser.add_argument("--no-kill", action="store_true", help="skip the real kills")
     args = parser.parse_args()
+    if args.lost_after is not None:
+        driver.LOST_AFTER_S = args.lost_after
+    print(f"the driver waits {driver.LOST_AFTER_S:g} s before it believes a worker lost")
     print(f"{args.workers} workers on {os.cpu_count()} cores, {args.hogs} CPU hogs, "
           f"{args.steps} steps per run")  # fmt: skip
     false_losses = 0
@@ -90,6 +101,8 @@ def main() -> None:
                 print(f"{kind:<14} run {i + 1:2d}/{args.runs}: {outcome} ({seconds:.1f} s)",
                       flush=True)  # fmt: skip
         print(f"\nfalse worker losses: {false_losses}")
+    if args.no_kill:
+        return
     # A real loss, in the same conditions, on a cluster of its own (the killed worker's
     # process ends; the nanny starts a new one, which must not be mistaken for it).
     for kind, expect in (("allreduce", "worker lost"), ("ps-async", "ok")):
