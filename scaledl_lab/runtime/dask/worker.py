@@ -146,9 +146,21 @@ def _shared_origin(device: torch.device) -> float:
     """This rank's ``perf_counter`` reading at the moment rank 0's wall clock read when the
     barrier ended: every rank then counts time from the same instant (exactly on one host,
     to the hosts' clock synchronisation across hosts), so events of different ranks line up."""
-    start = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    start = torch.tensor([_clocks()[1]], dtype=torch.float64, device=device)
     dist.broadcast(start, 0)
-    return time.perf_counter() - (time.time() - start.item())
+    counter, wall = _clocks()
+    return counter - (wall - start.item())
+
+
+def _clocks() -> tuple[float, float]:
+    """``perf_counter`` and ``time.time`` read at one instant: the tightest of a few pairs, so
+    that a preemption between the two reads (a loaded machine) does not shift the origin."""
+    pairs = []
+    for _ in range(5):
+        before, wall, after = time.perf_counter(), time.time(), time.perf_counter()
+        pairs.append((after - before, (before + after) / 2, wall))
+    _, counter, wall = min(pairs)
+    return counter, wall
 
 
 def run_rank(
