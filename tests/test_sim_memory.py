@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -63,8 +64,15 @@ def test_a_simulated_run_leaves_the_process_malloc_as_it_found_it(monkeypatch):
     calls: list[str] = []
     import scaledl_lab.runtime.sim.scheduler as scheduler
 
-    monkeypatch.setattr(scheduler, "keep_freed_memory", lambda: calls.append("keep") or True)
-    monkeypatch.setattr(scheduler, "hand_back_memory", lambda: calls.append("back"))
+    @contextmanager
+    def recorded():
+        calls.append("keep")
+        try:
+            yield True
+        finally:
+            calls.append("back")
+
+    monkeypatch.setattr(scheduler, "freed_memory_kept", recorded)
     run(FLOODED.replace(stragglers=None, max_steps=2), progress=False, log=None)
     assert calls == ["keep", "back"]
     calls.clear()

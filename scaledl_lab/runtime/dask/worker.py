@@ -17,7 +17,7 @@ import torch.distributed as dist
 from distributed import Queue, get_worker
 
 from ..base import NOT_READY, Launch, clone_tensors, tensor_bytes
-from ..memory import hand_back_memory, keep_freed_memory
+from ..memory import freed_memory_kept
 from .comm import TorchComm
 from .devices import use_device
 from .shm_link import ShmServer, host_key
@@ -188,33 +188,33 @@ def run_rank(
         world_size=launch.world_size,
         timeout=timedelta(seconds=launch.timeout_s),
     )
-    keep_freed_memory()
-    try:
-        with _profiler_paused():
-            dist.barrier()
-            t0 = _shared_origin(where)
-            sink = _QueueSink(queue_name)
-            _SINKS.setdefault(queue_name, []).append(sink)
-            comm = TorchComm(
-                rank,
-                launch.world_size,
-                t0,
-                run_id=queue_name,
-                servers=servers,
-                server_addresses=server_addresses,
-                server_links=server_links,
-                timeout_s=launch.timeout_s,
-                device=where,
-                before_exit=sink.flush,
-                lost_ranks=f"{queue_name}-lost" if launch.tolerates_worker_loss else None,
-                stragglers=launch.stragglers,
-            )
-            try:
-                return asyncio.run(launch.program(comm, where, sink.emit))
-            finally:
-                comm.close_links()
-                sink.flush()
-                _SINKS.pop(queue_name, None)
-    finally:
-        dist.destroy_process_group()
-        hand_back_memory()  # the worker outlives the run: it keeps neither tuning nor peak
+    # the tuning for one run: the worker outlives it, and keeps neither the tuning nor its peak
+    with freed_memory_kept():
+        try:
+            with _profiler_paused():
+                dist.barrier()
+                t0 = _shared_origin(where)
+                sink = _QueueSink(queue_name)
+                _SINKS.setdefault(queue_name, []).append(sink)
+                comm = TorchComm(
+                    rank,
+                    launch.world_size,
+                    t0,
+                    run_id=queue_name,
+                    servers=servers,
+                    server_addresses=server_addresses,
+                    server_links=server_links,
+                    timeout_s=launch.timeout_s,
+                    device=where,
+                    before_exit=sink.flush,
+                    lost_ranks=f"{queue_name}-lost" if launch.tolerates_worker_loss else None,
+                    stragglers=launch.stragglers,
+                )
+                try:
+                    return asyncio.run(launch.program(comm, where, sink.emit))
+                finally:
+                    comm.close_links()
+                    sink.flush()
+                    _SINKS.pop(queue_name, None)
+        finally:
+            dist.destroy_process_group()

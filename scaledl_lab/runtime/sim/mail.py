@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..base import tensor_bytes
+
 SPILL_AFTER_BYTES = 512 << 20  # in-flight messages kept in memory; later ones go to disk
 
 
@@ -50,7 +52,7 @@ class Mail:
 
     def put(self, src: int, dst: int, arrival: float, tensor: torch.Tensor) -> None:
         """Keep a private copy of ``tensor`` (the sender may reuse its buffer)."""
-        size = tensor.numel() * tensor.element_size()
+        size = tensor_bytes(tensor)
         if self.held + size <= self.spill_after:
             self.held += size
             self._boxes[(src, dst)].append((arrival, tensor.detach().clone()))
@@ -62,7 +64,7 @@ class Mail:
         arrival, stored = self._boxes[(src, dst)].popleft()
         if isinstance(stored, Spilled):
             return arrival, self._read(stored)
-        self.held -= stored.numel() * stored.element_size()
+        self.held -= tensor_bytes(stored)
         return arrival, stored
 
     def close(self) -> None:

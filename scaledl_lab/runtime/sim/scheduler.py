@@ -19,7 +19,7 @@ import torch
 
 from ...errors import RunError, WorkerKilled, WorkerLostError
 from ..base import Comm, Launch, Outcome
-from ..memory import hand_back_memory, keep_freed_memory
+from ..memory import freed_memory_kept
 from .comm import (
     LOST,
     Collective,
@@ -119,6 +119,7 @@ class SimWorld(SimServers):
         finally:
             for coro in coros:
                 coro.close()
+            self._mail.close()  # what was spilled lives no longer than the run
         if not all(done):
             blocked = [r for r in range(self.world_size) if not done[r]]
             raise RunError(
@@ -280,7 +281,6 @@ def run_sim(
     launch.program.prepare()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    keep_freed_memory()
     buffer: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = [{} for _ in range(launch.world_size)]
 
@@ -293,17 +293,15 @@ def run_sim(
     async def rank_program(comm: Comm) -> None:
         results[comm.rank] = await launch.program(comm, torch.device("cpu"), emit)
 
-    world: SimWorld | None = None
-    try:
-        servers = [make() for make in launch.servers]
-        world = SimWorld(launch.world_size, cost, servers, [], launch.tolerates_worker_loss)
-        world.run([rank_program] * launch.world_size)
-    finally:
-        torch.set_num_threads(threads)
-        if world is not None:
-            world._mail.close()
-        hand_back_memory()  # a notebook kernel keeps neither the tuning nor the run's peak
-        if buffer:
-            on_rows(buffer[:])
+    # the tuning for one run: a notebook kernel keeps neither it nor the run's peak
+    with freed_memory_kept():
+        try:
+            servers = [make() for make in launch.servers]
+            world = SimWorld(launch.world_size, cost, servers, [], launch.tolerates_worker_loss)
+            world.run([rank_program] * launch.world_size)
+        finally:
+            torch.set_num_threads(threads)
+            if buffer:
+                on_rows(buffer[:])
     end = max((c.clock for c in world.comms), default=0.0)
     return Outcome(results, world.server_stats(), end, world.events)
