@@ -1,8 +1,9 @@
 """Side by side: asynchronous parameter server and Hogwild! on real Dask workers vs plain PyTorch.
 
 1. `ps-async` with 2 Dask workers and one parameter server (a Dask actor beside rank 0, called
-   through shared memory, the default on one machine, and through actor calls,
-   `--server-transport actor`): gradients applied per second, against the steps per second of
+   through shared memory, the default on one machine; through actor calls,
+   `--server-transport actor`; and through torch.distributed point-to-point messages,
+   `--server-transport p2p`): gradients applied per second, against the steps per second of
    a plain single-process PyTorch SGD loop (one thread) on the same model, batch size and data.
 2. `hogwild` with 2 worker processes sharing the parameters in /dev/shm against `hogwild` with
    1 process: updates per second.
@@ -12,7 +13,7 @@ sides of each comparison alternate, and medians over the rounds are reported, si
 machine is noisy (±20%).
 
     python benchmarks/bench_async.py [--quick] [--model mlp] [--batch 64] [--steps 150]
-        [--rounds 3]
+        [--rounds 3] [--sides ps ps-actor ps-p2p plain hog2 hog1]
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def plain_sgd_rate(model_name: str, batch: int, steps: int) -> float:
         torch.set_num_threads(threads)
 
 
-SIDES = ("ps", "ps-actor", "plain", "hog2", "hog1")
+SIDES = ("ps", "ps-actor", "ps-p2p", "plain", "hog2", "hog1")
+TRANSPORTS = {"ps": "shm", "ps-actor": "actor", "ps-p2p": "p2p"}
 
 
 def measure(
@@ -97,17 +99,17 @@ def measure(
 ) -> dict[str, list[float]]:
     """Updates/s of each side per round, the sides taking turns in the order of ``SIDES``.
 
-    ps / ps-actor: ``ps-async`` on 2 workers, the server called through shared memory / actor
-    calls; plain: the single-process loop (2 × ``steps`` steps);
+    ps / ps-actor / ps-p2p: ``ps-async`` on 2 workers, the server called through shared memory
+    / actor calls / torch.distributed point-to-point messages;
+    plain: the single-process loop (2 × ``steps`` steps);
     hog2 / hog1: ``hogwild`` with 2 processes / 1 process.
     """
     dask_rate(client, "ps-async", 2, model, batch, 20)  # start torch and load data on the workers
     runs: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side in (s for s in SIDES if s in sides):
-            if side in ("ps", "ps-actor"):
-                transport = "actor" if side == "ps-actor" else "shm"
-                rate = dask_rate(client, "ps-async", 2, model, batch, steps, transport)
+            if side in TRANSPORTS:
+                rate = dask_rate(client, "ps-async", 2, model, batch, steps, TRANSPORTS[side])
             elif side == "plain":
                 rate = plain_sgd_rate(model, batch, 2 * steps)
             elif side == "hog2":
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=150, help="timed steps per worker")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer steps (seconds, not minutes)")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     args = parser.parse_args(argv)
     if args.quick:
         args.steps = min(args.steps, 60)
@@ -134,21 +137,31 @@ def main(argv: list[str] | None = None) -> None:
             f"model={m}, batch {b} per worker, {s} timed steps per worker after {WARMUP} "
             f"warm-up, median of {args.rounds} rounds (sides alternate)"
         )
-        runs = measure(client, m, b, s, args.rounds)
-    ps, actor, plain, hog2, hog1 = (statistics.median(runs[k]) for k in SIDES)
-    print(f"\n{'what':<52} {'updates/s':>10} {'rounds':>24}")
+        runs = measure(client, m, b, s, args.rounds, tuple(args.sides))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"\n{'what':<56} {'updates/s':>10} {'rounds':>24}")
     for label, key in (
         ("ps-async, 2 Dask workers + 1 server, shared memory", "ps"),
         ("ps-async, 2 Dask workers + 1 server, actor calls", "ps-actor"),
+        ("ps-async, 2 Dask workers + 1 server, torch.distributed p2p", "ps-p2p"),
         ("plain PyTorch SGD loop, 1 process, 1 thread", "plain"),
         ("hogwild, 2 Dask worker processes, shared memory", "hog2"),
         ("hogwild, 1 Dask worker process", "hog1"),
     ):
-        values = " ".join(f"{v:7.1f}" for v in runs[key])
-        print(f"{label:<52} {statistics.median(runs[key]):>10.1f} {values:>24}")
-    print(f"\nratio ps-async (2 workers) / plain single-process SGD: {ps / plain:.2f}")
-    print(f"  the same through actor calls:                        {actor / plain:.2f}")
-    print(f"ratio hogwild 2 processes / 1 process:                 {hog2 / hog1:.2f}")
+        if key in runs:
+            values = " ".join(f"{v:7.1f}" for v in runs[key])
+            print(f"{label:<56} {med[key]:>10.1f} {values:>24}")
+    print()
+    for key, how in (("ps-actor", "actor calls"), ("ps-p2p", "p2p")):
+        if "ps" in med and key in med:
+            ratio = med[key] / med["ps"]
+            print(f"ratio ps-async through {how} / through shared memory: {ratio:.2f}")
+    if "plain" in med:
+        for key in (k for k in TRANSPORTS if k in med):
+            ratio = med[key] / med["plain"]
+            print(f"ratio {key} (2 workers) / plain single-process SGD: {ratio:.2f}")
+    if "hog1" in med and "hog2" in med:
+        print(f"ratio hogwild 2 processes / 1 process: {med['hog2'] / med['hog1']:.2f}")
 
 
 if __name__ == "__main__":

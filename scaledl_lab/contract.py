@@ -37,7 +37,7 @@ DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
 # How a real run's ranks call hosted servers: shared memory on one machine, Dask actor calls.
-SERVER_TRANSPORTS: tuple[str, ...] = ("auto", "shm", "actor")
+SERVER_TRANSPORTS: tuple[str, ...] = ("auto", "shm", "actor", "p2p")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 PRECISIONS: tuple[str, ...] = ("float32", "float64")
 # Large batches (scaledl_lab.training.schedule): the learning-rate scaling rules.

@@ -1,8 +1,9 @@
 """torch.distributed under the :class:`Comm` interface: what a rank of a Dask run talks through.
 
 Collectives and point-to-point messages go over an initialised process group (gloo on CPU,
-NCCL on GPU), in wall-clock time; hosted servers are Dask actors; memory shared by the
-workers of one machine is a file in /dev/shm. On a GPU, NCCL carries device tensors only: a
+NCCL on GPU), in wall-clock time; hosted servers are Dask actors, called through the run's
+transport (:mod:`.transport`); memory shared by the workers of one machine is a file in
+/dev/shm. On a GPU, NCCL carries device tensors only: a
 CPU tensor handed to the comm (a step's loss, evaluation counts) travels through the device and
 is written back, and server calls carry CPU tensors out and device tensors back, so a strategy
 never needs to know where it runs.
@@ -25,16 +26,16 @@ import torch.distributed as dist
 from ...errors import RunError, ServerLostError
 from ..base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
 from ..sim.cost import allgather_bytes, ring_allreduce_bytes
-from .shm_link import ShmClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
+from .transport import connect
 from .work import (
     _ActorCall,
     _Done,
     _Failed,
+    _LinkCall,
     _moved,
     _Posted,
     _Sent,
-    _ShmCall,
     _ThreadMailbox,
     _Work,
 )
@@ -75,9 +76,9 @@ class TorchComm(Comm):
         self.run_id = run_id
         self.servers = servers or []
         self.server_addresses = server_addresses or []
-        # Servers on this machine answer through shared memory (.shm_link), else actor calls.
-        self.links = [ShmClient(a, rank) for a in server_links or []]
+        # Calls go through each server's link (.transport), or as actor calls without one.
         self.timeout_s = timeout_s
+        self.links = [connect(a, rank, timeout_s) for a in server_links or []]
         self.timeout = timedelta(seconds=timeout_s)
         self.groups: dict[Group, Any] = {}
 
@@ -244,7 +245,7 @@ class TorchComm(Comm):
             args = _moved(args, torch.device("cpu"))
         if self.links:
             self.links[server].start(method, args)
-            return _ShmCall(self, server, self.links[server])
+            return _LinkCall(self, server, self.links[server])
         try:
             future = self.servers[server].call(method, args)
         except Exception as exc:  # the actor's worker is already gone

@@ -22,7 +22,7 @@ from ...errors import ConfigError, RunError, WorkerLostError
 from ..base import Launch, Outcome
 from .cluster import live_workers
 from .devices import plan_devices, probe
-from .shm_link import host_key, remove_left_behind, use_shared_memory
+from .transport import choose, host_key, remove_left_behind
 from .worker import ServerHost, free_port, run_rank, take_rows
 
 POLL_S = 0.25
@@ -83,7 +83,7 @@ def run_dask(
         for make, addr in zip(launch.servers, server_hosts, strict=True)
     ]
     actors = [f.result() for f in server_futures]
-    links = _server_links(client, launch, addresses, actors, queue_name)
+    links = _server_links(client, launch, addresses, actors, server_hosts, queue_name)
     futures = [
         client.submit(
             run_rank,
@@ -166,7 +166,7 @@ def run_dask(
         for f in futures:
             if not f.done():
                 f.cancel()
-        for a in actors:  # stop each server's shared-memory thread, remove its files
+        for a in actors:  # stop each server's transport thread, remove its files
             try:
                 a.close().result(timeout=GRACE_S)
             except Exception:  # its worker may be gone
@@ -183,22 +183,30 @@ def run_dask(
 
 
 def _server_links(
-    client: Client, launch: Launch, addresses: list[str], actors: list[Any], run_id: str
+    client: Client,
+    launch: Launch,
+    addresses: list[str],
+    actors: list[Any],
+    server_hosts: list[str],
+    run_id: str,
 ) -> list[dict[str, Any]] | None:
-    """Each server's shared-memory address (:mod:`.shm_link`) when the run's calls go that way,
-    else None (actor calls). ``auto`` takes shared memory when the servers and every rank are
-    on one machine; ``shm`` insists on it; ``actor`` never takes it."""
+    """Each server's address on the run's transport (:func:`.transport.choose`), or None for
+    actor calls; ``ip`` is where the ranks reach the server's worker."""
     if not actors or launch.server_transport == "actor":
         return None
     keys = [client.submit(host_key, workers=[a], pure=False) for a in addresses]
     hosts = client.gather(keys) + [a.host().result() for a in actors]
-    if not use_shared_memory(launch.server_transport, hosts, launch.label):
+    transport = choose(launch.server_transport, hosts, launch.label)
+    if transport == "actor":
         return None
     calls = [
-        a.serve_shm(f"/dev/shm/scaledl-{run_id}-server{i}", launch.world_size)
+        a.serve(transport, run_id, i, launch.world_size, launch.timeout_s)
         for i, a in enumerate(actors)
     ]
-    return [c.result() for c in calls]
+    return [
+        {**c.result(), "ip": urlparse(where).hostname}
+        for c, where in zip(calls, server_hosts, strict=True)
+    ]
 
 
 def _collect_unsent(

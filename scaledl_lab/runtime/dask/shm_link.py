@@ -14,8 +14,9 @@ moves each call the way MXNet's local kvstore moves tensors, through memory:
   sender. The server reads a call's tensors where they lie: they stay valid until that rank's
   next call with tensors (the contract of ``ServerSpec``). A rank copies a reply's tensors
   out, since it may keep them (a checkpoint) past its next call;
-- the server answers in a thread of its own, one call at a time; a call it answers with
-  ``NOT_READY`` is parked and tried again after each call that was answered.
+- the server answers in a thread of its own, one call at a time, through the shared
+  :class:`~..servers.ServerLoop` (a call answered ``NOT_READY`` is parked and tried again after
+  each call that was answered).
 
 One call per (rank, server) pair is in flight at a time: a rank waits for a reply before it
 calls that server again, which is what keeps one request slot and one reply slot enough.
@@ -30,7 +31,6 @@ import os
 import pickle
 import select
 import shutil
-import socket
 import struct
 import threading
 from collections.abc import Callable
@@ -39,48 +39,12 @@ from typing import Any
 
 import torch
 
-from ...errors import ConfigError
-from ..base import NOT_READY
+from ..servers import Answer, ServerLoop
 
 LENGTH = struct.Struct("<Q")
 ALIGN = 64  # bytes: every tensor in a slot starts on a cache line
 MIN_SLOT = 1 << 20
 POLL_MS = 200  # how often a waiting side looks up from its pipe (server: to stop; rank: liveness)
-
-
-def host_key() -> str:
-    """Names this machine: processes with the same key share /dev/shm ("" without one)."""
-    if not Path("/dev/shm").is_dir():
-        return ""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def use_shared_memory(requested: str, hosts: list[str], label: str) -> bool:
-    """Whether a run's server calls go through shared memory: ``requested`` is the config's
-    ``server_transport``, ``hosts`` the :func:`host_key` of every rank and server."""
-    if requested == "actor":
-        return False
-    one_machine = len(set(hosts)) == 1 and hosts[0] != ""
-    if requested == "shm" and not one_machine:
-        raise ConfigError(
-            f"server_transport='shm' needs the servers and every worker on one machine with "
-            f"/dev/shm, but run {label!r} spans {len(set(hosts))} machine(s) "
-            f"({sorted(set(hosts))}); use 'auto' (actor calls there) or 'actor'"
-        )
-    return one_machine
-
-
-def remove_left_behind(links: list[dict[str, Any]]) -> None:
-    """Remove the directories of servers on this machine that are over (a server whose
-    process was killed could not remove its own)."""
-    here = host_key()
-    for link in links:
-        if link["host"] == here:
-            shutil.rmtree(link["directory"], ignore_errors=True)
 
 
 class _Slot:
@@ -198,16 +162,12 @@ def _pipe(path: Path) -> int:
 
 
 class ShmServer:
-    """The server's side: a thread that answers ``ranks`` ranks' calls with ``apply``.
+    """The server's side: a thread that hands ``ranks`` ranks' calls to ``loop`` (which
+    answers or parks each) and writes back its answers; an exception a call raised is sent back
+    and raised again in the caller."""
 
-    ``apply(method, args)`` runs the call on the server object and returns its value (or
-    ``NOT_READY``); an exception it raises is sent back and raised again in the caller.
-    """
-
-    def __init__(
-        self, directory: Path, ranks: int, apply: Callable[[str, tuple[Any, ...]], Any]
-    ) -> None:
-        self.directory, self.apply = directory, apply
+    def __init__(self, directory: Path, ranks: int, loop: ServerLoop) -> None:
+        self.directory, self.loop = directory, loop
         directory.mkdir(parents=True, exist_ok=True)
         # Removed by close(); else when this process exits (a Dask worker is a multiprocessing
         # child, which runs Finalize callbacks but not atexit ones).
@@ -225,19 +185,15 @@ class ShmServer:
         self.thread.start()
 
     def address(self) -> dict[str, Any]:
-        """What a rank needs to reach this server: the directory, the process and the host."""
-        return {"directory": str(self.directory), "pid": os.getpid(), "host": host_key()}
+        """What a rank needs to reach this server: the directory and the process."""
+        return {"directory": str(self.directory), "pid": os.getpid()}
 
-    def _answer(self, rank: int, method: str, args: tuple[Any, ...]) -> bool:
-        """Run one call; False when the server parks it (NOT_READY)."""
-        try:
-            value = self.apply(method, args)
-        except Exception as exc:  # the caller raises it
-            value = _Raised(f"{type(exc).__name__}: {exc}")
-        if value is NOT_READY:
-            return False
+    def _reply(self, answer: Answer) -> None:
+        rank = answer.caller
+        value = answer.value
+        if answer.error is not None:  # the caller raises it
+            value = _Raised(f"{type(answer.error).__name__}: {answer.error}")
         _write(self.replies[rank], encode(value, self.slots[rank]))
-        return True
 
     def _serve(self) -> None:
         poll = select.poll()
@@ -245,7 +201,6 @@ class ShmServer:
         for rank, fd in enumerate(self.requests):
             poll.register(fd, select.POLLIN)
             rank_of[fd] = rank
-        parked: list[tuple[int, str, tuple[Any, ...]]] = []
         while not self.stopped.is_set():
             for fd, _ in poll.poll(POLL_MS):
                 rank = rank_of[fd]
@@ -255,16 +210,8 @@ class ShmServer:
                     message = _Raised(f"unreadable call ({type(exc).__name__}: {exc})")
                     _write(self.replies[rank], encode(message, self.slots[rank]))
                     continue
-                if not self._answer(rank, method, args):
-                    parked.append((rank, method, args))
-                    continue
-                answered = True  # the server changed: parked calls may go now, in order
-                while answered and parked:
-                    answered = False
-                    for call in list(parked):
-                        if self._answer(*call):
-                            parked.remove(call)
-                            answered = True
+                for answer in self.loop.take(rank, method, args):
+                    self._reply(answer)
 
     def close(self) -> None:
         self.stopped.set()

@@ -167,8 +167,8 @@ class _ActorCall(Pending):
         return self.comm.to_device(value)
 
 
-class _ShmCall(Pending):
-    """A call through shared memory (:mod:`.shm_link`): the reply, or the server's error."""
+class _LinkCall(Pending):
+    """A call through a server link (:mod:`.transport`): the reply, or the server's error."""
 
     def __init__(self, comm: Any, server: int, link: Any) -> None:
         self.comm, self.server, self.link = comm, server, link
@@ -176,7 +176,7 @@ class _ShmCall(Pending):
     async def wait(self) -> Any:
         try:
             value = self.link.wait(self.comm.timeout_s)
-        except (TimeoutError, ProcessLookupError) as exc:
+        except OSError as exc:  # gone: ConnectionError, TimeoutError, ProcessLookupError
             raise self.comm.server_lost(self.server, "did not answer", exc) from None
         except RuntimeError as exc:
             raise RunError(f"server {self.server} failed in a call: {exc}") from None

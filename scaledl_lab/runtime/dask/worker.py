@@ -9,73 +9,64 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from distributed import Queue, get_worker
 
-from ..base import NOT_READY, Launch, clone_tensors, tensor_bytes
+from ..base import Launch, clone_tensors
 from ..memory import freed_memory_kept
+from ..servers import ServerLoop
 from .comm import TorchComm
 from .devices import use_device
-from .shm_link import ShmServer, host_key
+from .transport import host_key, start_server
 
 FLUSH_S = 0.5
 
 
 class ServerHost:
-    """A Dask actor hosting one plain server object of a strategy.
+    """A Dask actor hosting one plain server object of a strategy, in the shared
+    :class:`~..servers.ServerLoop`.
 
-    Its methods are coroutines, so they run on the worker's event loop one at a time: the
-    server needs no locks. A call the server answers with NOT_READY waits for the next call
-    that changes the server's state, then is tried again.
+    Actor calls are coroutines, so they run on the worker's event loop one at a time: the
+    server needs no locks. A call the loop parks waits for the call that lets it go. A run
+    whose ranks call through another transport (:mod:`.transport`) starts that transport's
+    server thread here; the actor then keeps placement, counters and shutdown.
     """
 
     def __init__(self, make: Callable[[], Any]) -> None:
-        self.obj = make()
-        self.calls = self.bytes_in = self.bytes_out = 0
-        self._changed: asyncio.Condition | None = None
-        self._shm: ShmServer | None = None
+        self.loop = ServerLoop(make())
+        self._link: Any = None
 
     async def call(self, method: str, args: tuple[Any, ...]) -> Any:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        async with self._changed:
-            while (value := self._apply(method, args)) is NOT_READY:
-                await self._changed.wait()
-            self._changed.notify_all()
-        # The reply is serialised later, after other calls may have changed the server.
-        return clone_tensors(value)
+        reply = asyncio.get_running_loop().create_future()
+        for answer in self.loop.take(reply, method, args):
+            if answer.error is not None:
+                answer.caller.set_exception(answer.error)
+            else:  # the reply is serialised later, after other calls may change the server
+                answer.caller.set_result(clone_tensors(answer.value))
+        return await reply
 
-    def _apply(self, method: str, args: tuple[Any, ...]) -> Any:
-        """One call on the server object, counted once it is answered (not ``NOT_READY``);
-        actor calls and calls through shared memory (:mod:`.shm_link`) both come here."""
-        value = getattr(self.obj, method)(*args)
-        if value is not NOT_READY:
-            self.calls += 1
-            self.bytes_in += tensor_bytes(args)
-            self.bytes_out += tensor_bytes(value)
-        return value
-
-    def serve_shm(self, directory: str, ranks: int) -> dict[str, Any]:
-        """From now on answer the ranks' calls through shared memory; returns what a rank needs
-        to reach it (:meth:`.shm_link.ShmServer.address`)."""
-        self._shm = ShmServer(Path(directory), ranks, self._apply)
-        return self._shm.address()
+    def serve(
+        self, transport: str, run_id: str, index: int, ranks: int, timeout_s: float
+    ) -> dict[str, Any]:
+        """From now on answer the ranks' calls through ``transport``; returns what a rank needs
+        to reach this server (:func:`.transport.start_server`)."""
+        self._link, address = start_server(transport, self.loop, run_id, index, ranks, timeout_s)
+        return address
 
     def host(self) -> str:
         return host_key()
 
     def close(self) -> None:
-        """The run is over: stop the shared-memory thread and remove its files."""
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
+        """The run is over: stop the transport's server thread and remove what it made."""
+        if self._link is not None:
+            self._link.close()
+            self._link = None
 
     def stats(self) -> dict[str, int]:
-        return {"calls": self.calls, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+        return self.loop.stats()
 
 
 class _QueueSink:
@@ -176,7 +167,7 @@ def run_rank(
     """The one long-running task of a rank: rendezvous, run the program, always leave the group.
 
     ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
-    each server's shared-memory address (:mod:`.shm_link`), or None for actor calls."""
+    each server's address on the run's transport (:mod:`.transport`), or None for actor calls."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     where = use_device(device)
     launch.program.prepare()  # the data first: its arrays are mapped, and go back when freed

@@ -20,6 +20,7 @@ import torch
 from ...errors import RunError, WorkerKilled, WorkerLostError
 from ..base import Comm, Launch, Outcome
 from ..memory import freed_memory_kept
+from ..servers import ServerLoop
 from .comm import (
     LOST,
     Collective,
@@ -64,7 +65,7 @@ class SimWorld(SimServers):
 
     def __post_init__(self) -> None:
         self.comms = [SimComm(r, self) for r in range(self.world_size)]
-        self.servers = [_ServerState(obj) for obj in self.server_objects]
+        self.servers = [_ServerState(ServerLoop(obj)) for obj in self.server_objects]
         self.shared: dict[str, torch.Tensor] = {}
         # (time, order, seq, action, payload): order is the rank for resumes, -1 for deliveries.
         self._heap: list[tuple[float, int, int, str, Any]] = []
