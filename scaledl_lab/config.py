@@ -17,6 +17,7 @@ from .contract import (
     IMPLEMENTED_RUNTIMES,
     OPTIMIZERS,
     PRECISIONS,
+    REMOVED_SERVER_TRANSPORTS,
     RUNTIMES,
     SERVER_TRANSPORTS,
     SHARDINGS,
@@ -87,7 +88,7 @@ class ExperimentConfig:
     stragglers: str | None = None
     # Strategy options (each is used only by the strategies named in its comment).
     servers: int = 1  # parameter-server shards (ps-*, downpour, staleness-aware, dc-asgd, backup)
-    server_transport: str = "auto"  # Dask runtime, servers' calls: auto | shm | actor (shm_link)
+    server_transport: str = "auto"  # Dask runtime, servers' calls: auto | p2p | actor (dask.p2p)
     backup_workers: int = 1  # backup-workers: the step uses the first workers - b gradients
     n_fetch: int = 1  # downpour: pull the parameters every n_fetch steps
     n_push: int = 1  # downpour: push the accumulated gradient every n_push steps
@@ -208,6 +209,9 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"device={cfg.device!r} is unknown; allowed: {choices(DEVICES)}")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"precision={cfg.precision!r} is unknown; allowed: {choices(PRECISIONS)}")
+    if cfg.server_transport in REMOVED_SERVER_TRANSPORTS:
+        removed = REMOVED_SERVER_TRANSPORTS[cfg.server_transport]
+        raise ConfigError(f"server_transport={cfg.server_transport!r} {removed}")
     if cfg.server_transport not in SERVER_TRANSPORTS:
         raise ConfigError(
             f"server_transport={cfg.server_transport!r} is unknown; "

@@ -36,8 +36,14 @@ IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
-# How a real run's ranks call hosted servers: shared memory on one machine, Dask actor calls.
-SERVER_TRANSPORTS: tuple[str, ...] = ("auto", "shm", "actor", "p2p")
+# How a real run's ranks call hosted servers: torch.distributed point-to-point messages (auto,
+# p2p), Dask actor calls (actor); and the transports removed, with what replaced them.
+SERVER_TRANSPORTS: tuple[str, ...] = ("auto", "actor", "p2p")
+REMOVED_SERVER_TRANSPORTS: dict[str, str] = {
+    "shm": "(calls through shared memory) was removed: 'p2p', torch.distributed point-to-point "
+    "messages on a gloo group of each server's own, replaced it (as fast on the async-PS "
+    "benchmark, and across machines too); 'auto', the default, takes it",
+}
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 PRECISIONS: tuple[str, ...] = ("float32", "float64")
 # Large batches (scaledl_lab.training.schedule): the learning-rate scaling rules.

@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -325,10 +324,7 @@ def test_dead_server_ends_the_run_with_a_clear_error():
         victim = worker_addresses(client)[2]  # ranks use the first two; the server the third
         on_rows = _kill_when_training(client, victim)
         started = time.monotonic()
-        # Either the driver's liveness check or a rank calling the dead actor names the server.
-        before = set(Path("/dev/shm").glob("scaledl-*-server*"))
+        # Either the driver's liveness check or a rank calling the dead server names it.
         with pytest.raises(RunError, match=rf"server 0 on worker {victim}|host of server 0"):
             run(cfg, client=client, on_rows=on_rows, progress=False)
         assert time.monotonic() - started < 90
-        # The server was killed outright: its shared-memory files went with the run anyway.
-        assert set(Path("/dev/shm").glob("scaledl-*-server*")) <= before

@@ -32,8 +32,8 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     opts.add_argument(
         "--server-transport",
         default=d["server_transport"].default,
-        help="PS and EASGD servers on real workers: auto (shared memory when one machine holds "
-        "the servers and every worker, else actor calls) | shm | actor",
+        help="PS and EASGD servers on real workers: auto (= p2p: torch.distributed "
+        "point-to-point messages) | p2p | actor (Dask actor calls)",
     )
     opts.add_argument("--backup-workers", type=int, default=d["backup_workers"].default)
     opts.add_argument("--n-fetch", type=int, default=d["n_fetch"].default, help="downpour")

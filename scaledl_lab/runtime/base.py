@@ -266,7 +266,7 @@ class Launch:
     device: str = "auto"
     timeout_s: float = 60.0
     stragglers: Any = None  # cost.Stragglers: the Dask runtime injects them as sleeps
-    server_transport: str = "auto"  # how ranks call hosted servers (Dask runtime): see shm_link
+    server_transport: str = "auto"  # how ranks call hosted servers (Dask runtime): see dask.p2p
 
 
 @dataclass

@@ -22,8 +22,8 @@ class ServerSpec(abc.ABC):
 
     A server is a plain class whose methods take and return tensors and numbers. The simulator
     keeps the objects in its own process and delivers calls in virtual time; the Dask runtime
-    hosts each one as an actor on a worker, called through shared memory when one machine holds
-    it and every rank (:mod:`..runtime.dask.shm_link`). Calls to one server run one at a time. A
+    hosts each one as an actor on a worker, called through torch.distributed messages
+    (:mod:`..runtime.dask.p2p`) or actor calls. Calls to one server run one at a time. A
     call's tensor arguments may be views of the caller's memory, valid until that caller's next
     call with tensors; a server that keeps one longer copies it. (The synchronous PS keeps a push
     until its step, which comes before that worker's next push: the worker pulls the stepped

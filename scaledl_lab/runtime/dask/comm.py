@@ -1,12 +1,12 @@
 """torch.distributed under the :class:`Comm` interface: what a rank of a Dask run talks through.
 
 Collectives and point-to-point messages go over an initialised process group (gloo on CPU,
-NCCL on GPU), in wall-clock time; hosted servers are Dask actors, called through the run's
-transport (:mod:`.transport`); memory shared by the workers of one machine is a file in
-/dev/shm. On a GPU, NCCL carries device tensors only: a
-CPU tensor handed to the comm (a step's loss, evaluation counts) travels through the device and
-is written back, and server calls carry CPU tensors out and device tensors back, so a strategy
-never needs to know where it runs.
+NCCL on GPU), in wall-clock time; hosted servers are Dask actors, called through
+torch.distributed messages on a gloo group of each server's own (:mod:`.p2p`) or as actor
+calls; memory shared by the workers of one machine is a file in /dev/shm. On a GPU, NCCL
+carries device tensors only: a CPU tensor handed to the comm (a step's loss, evaluation counts)
+travels through the device and is written back, and server calls carry CPU tensors out and
+device tensors back, so a strategy never needs to know where it runs.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch.distributed as dist
 from ...errors import RunError, ServerLostError
 from ..base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
 from ..sim.cost import allgather_bytes, ring_allreduce_bytes
+from .p2p import P2PClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
-from .transport import connect
 from .work import (
     _ActorCall,
     _Done,
@@ -76,9 +76,10 @@ class TorchComm(Comm):
         self.run_id = run_id
         self.servers = servers or []
         self.server_addresses = server_addresses or []
-        # Calls go through each server's link (.transport), or as actor calls without one.
+        # Calls go as torch.distributed messages through each server's link (.p2p), or as
+        # actor calls without one.
         self.timeout_s = timeout_s
-        self.links = [connect(a, rank, timeout_s) for a in server_links or []]
+        self.links = [P2PClient(a, rank, timeout_s) for a in server_links or []]
         self.timeout = timedelta(seconds=timeout_s)
         self.groups: dict[Group, Any] = {}
 

@@ -22,7 +22,6 @@ from ...errors import ConfigError, RunError, WorkerLostError
 from ..base import Launch, Outcome
 from .cluster import live_workers
 from .devices import plan_devices, probe
-from .transport import choose, host_key, remove_left_behind
 from .worker import ServerHost, free_port, run_rank, take_rows
 
 POLL_S = 0.25
@@ -83,7 +82,7 @@ def run_dask(
         for make, addr in zip(launch.servers, server_hosts, strict=True)
     ]
     actors = [f.result() for f in server_futures]
-    links = _server_links(client, launch, addresses, actors, server_hosts, queue_name)
+    links = _server_links(launch, actors, server_hosts)
     futures = [
         client.submit(
             run_rank,
@@ -166,12 +165,11 @@ def run_dask(
         for f in futures:
             if not f.done():
                 f.cancel()
-        for a in actors:  # stop each server's transport thread, remove its files
+        for a in actors:  # stop each server's thread of the ranks' messages
             try:
                 a.close().result(timeout=GRACE_S)
             except Exception:  # its worker may be gone
                 pass
-        remove_left_behind(links or [])  # a server killed outright could not remove its own
         for f in server_futures:
             f.release()
         try:
@@ -183,26 +181,13 @@ def run_dask(
 
 
 def _server_links(
-    client: Client,
-    launch: Launch,
-    addresses: list[str],
-    actors: list[Any],
-    server_hosts: list[str],
-    run_id: str,
+    launch: Launch, actors: list[Any], server_hosts: list[str]
 ) -> list[dict[str, Any]] | None:
-    """Each server's address on the run's transport (:func:`.transport.choose`), or None for
-    actor calls; ``ip`` is where the ranks reach the server's worker."""
+    """Each server's address for torch.distributed messages (:mod:`.p2p`; ``ip`` is where the
+    ranks reach its worker), or None when the ranks make actor calls."""
     if not actors or launch.server_transport == "actor":
         return None
-    keys = [client.submit(host_key, workers=[a], pure=False) for a in addresses]
-    hosts = client.gather(keys) + [a.host().result() for a in actors]
-    transport = choose(launch.server_transport, hosts, launch.label)
-    if transport == "actor":
-        return None
-    calls = [
-        a.serve(transport, run_id, i, launch.world_size, launch.timeout_s)
-        for i, a in enumerate(actors)
-    ]
+    calls = [a.serve_p2p(launch.world_size, launch.timeout_s) for a in actors]
     return [
         {**c.result(), "ip": urlparse(where).hostname}
         for c, where in zip(calls, server_hosts, strict=True)

@@ -168,7 +168,7 @@ class _ActorCall(Pending):
 
 
 class _LinkCall(Pending):
-    """A call through a server link (:mod:`.transport`): the reply, or the server's error."""
+    """A call through a server link (:mod:`.p2p`): the reply, or the server's error."""
 
     def __init__(self, comm: Any, server: int, link: Any) -> None:
         self.comm, self.server, self.link = comm, server, link
@@ -176,7 +176,7 @@ class _LinkCall(Pending):
     async def wait(self) -> Any:
         try:
             value = self.link.wait(self.comm.timeout_s)
-        except OSError as exc:  # gone: ConnectionError, TimeoutError, ProcessLookupError
+        except ConnectionError as exc:  # the server is gone, or silent past the timeout
             raise self.comm.server_lost(self.server, "did not answer", exc) from None
         except RuntimeError as exc:
             raise RunError(f"server {self.server} failed in a call: {exc}") from None

@@ -20,7 +20,7 @@ from ..memory import freed_memory_kept
 from ..servers import ServerLoop
 from .comm import TorchComm
 from .devices import use_device
-from .transport import host_key, start_server
+from .p2p import P2PServer
 
 FLUSH_S = 0.5
 
@@ -31,8 +31,9 @@ class ServerHost:
 
     Actor calls are coroutines, so they run on the worker's event loop one at a time: the
     server needs no locks. A call the loop parks waits for the call that lets it go. A run
-    whose ranks call through another transport (:mod:`.transport`) starts that transport's
-    server thread here; the actor then keeps placement, counters and shutdown.
+    whose ranks call through torch.distributed messages (``server_transport`` ``auto`` or
+    ``p2p``, :mod:`.p2p`) starts that server thread here; the actor then keeps placement,
+    counters and shutdown.
     """
 
     def __init__(self, make: Callable[[], Any]) -> None:
@@ -48,19 +49,14 @@ class ServerHost:
                 answer.caller.set_result(clone_tensors(answer.value))
         return await reply
 
-    def serve(
-        self, transport: str, run_id: str, index: int, ranks: int, timeout_s: float
-    ) -> dict[str, Any]:
-        """From now on answer the ranks' calls through ``transport``; returns what a rank needs
-        to reach this server (:func:`.transport.start_server`)."""
-        self._link, address = start_server(transport, self.loop, run_id, index, ranks, timeout_s)
-        return address
-
-    def host(self) -> str:
-        return host_key()
+    def serve_p2p(self, ranks: int, timeout_s: float) -> dict[str, Any]:
+        """From now on answer ``ranks`` ranks' calls as torch.distributed messages; returns what
+        a rank needs to reach this server (:meth:`.p2p.P2PServer.address`)."""
+        self._link = P2PServer(self.loop, ranks, timeout_s)
+        return self._link.address()
 
     def close(self) -> None:
-        """The run is over: stop the transport's server thread and remove what it made."""
+        """The run is over: stop the server thread of the ranks' messages."""
         if self._link is not None:
             self._link.close()
             self._link = None
@@ -167,7 +163,8 @@ def run_rank(
     """The one long-running task of a rank: rendezvous, run the program, always leave the group.
 
     ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
-    each server's address on the run's transport (:mod:`.transport`), or None for actor calls."""
+    each server's address for torch.distributed messages (:mod:`.p2p`), or None for actor
+    calls."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     where = use_device(device)
     launch.program.prepare()  # the data first: its arrays are mapped, and go back when freed
