@@ -1,9 +1,8 @@
 """Side by side: asynchronous parameter server and Hogwild! on real Dask workers vs plain PyTorch.
 
 1. `ps-async` with 2 Dask workers and one parameter server (a Dask actor beside rank 0, called
-   through shared memory, the default on one machine; through actor calls,
-   `--server-transport actor`; and through torch.distributed point-to-point messages,
-   `--server-transport p2p`): gradients applied per second, against the steps per second of
+   through torch.distributed point-to-point messages, the default, and through actor calls,
+   `--server-transport actor`): gradients applied per second, against the steps per second of
    a plain single-process PyTorch SGD loop (one thread) on the same model, batch size and data.
 2. `hogwild` with 2 worker processes sharing the parameters in /dev/shm against `hogwild` with
    1 process: updates per second.
@@ -13,7 +12,7 @@ sides of each comparison alternate, and medians over the rounds are reported, si
 machine is noisy (±20%).
 
     python benchmarks/bench_async.py [--quick] [--model mlp] [--batch 64] [--steps 150]
-        [--rounds 3] [--sides ps ps-actor ps-p2p plain hog2 hog1]
+        [--rounds 3] [--sides ps ps-actor plain hog2 hog1]
 """
 
 from __future__ import annotations
@@ -90,8 +89,8 @@ def plain_sgd_rate(model_name: str, batch: int, steps: int) -> float:
         torch.set_num_threads(threads)
 
 
-SIDES = ("ps", "ps-actor", "ps-p2p", "plain", "hog2", "hog1")
-TRANSPORTS = {"ps": "shm", "ps-actor": "actor", "ps-p2p": "p2p"}
+SIDES = ("ps", "ps-actor", "plain", "hog2", "hog1")
+TRANSPORTS = {"ps": "auto", "ps-actor": "actor"}
 
 
 def measure(
@@ -99,8 +98,8 @@ def measure(
 ) -> dict[str, list[float]]:
     """Updates/s of each side per round, the sides taking turns in the order of ``SIDES``.
 
-    ps / ps-actor / ps-p2p: ``ps-async`` on 2 workers, the server called through shared memory
-    / actor calls / torch.distributed point-to-point messages;
+    ps / ps-actor: ``ps-async`` on 2 workers, the server called through torch.distributed
+    point-to-point messages / actor calls;
     plain: the single-process loop (2 × ``steps`` steps);
     hog2 / hog1: ``hogwild`` with 2 processes / 1 process.
     """
@@ -141,9 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"\n{'what':<56} {'updates/s':>10} {'rounds':>24}")
     for label, key in (
-        ("ps-async, 2 Dask workers + 1 server, shared memory", "ps"),
+        ("ps-async, 2 Dask workers + 1 server, torch.distributed p2p", "ps"),
         ("ps-async, 2 Dask workers + 1 server, actor calls", "ps-actor"),
-        ("ps-async, 2 Dask workers + 1 server, torch.distributed p2p", "ps-p2p"),
         ("plain PyTorch SGD loop, 1 process, 1 thread", "plain"),
         ("hogwild, 2 Dask worker processes, shared memory", "hog2"),
         ("hogwild, 1 Dask worker process", "hog1"),
@@ -152,10 +150,9 @@ def main(argv: list[str] | None = None) -> None:
             values = " ".join(f"{v:7.1f}" for v in runs[key])
             print(f"{label:<56} {med[key]:>10.1f} {values:>24}")
     print()
-    for key, how in (("ps-actor", "actor calls"), ("ps-p2p", "p2p")):
-        if "ps" in med and key in med:
-            ratio = med[key] / med["ps"]
-            print(f"ratio ps-async through {how} / through shared memory: {ratio:.2f}")
+    if "ps" in med and "ps-actor" in med:
+        ratio = med["ps-actor"] / med["ps"]
+        print(f"ratio ps-async through actor calls / through p2p messages: {ratio:.2f}")
     if "plain" in med:
         for key in (k for k in TRANSPORTS if k in med):
             ratio = med[key] / med["plain"]

@@ -2,16 +2,16 @@
 
 `ps-sync` (one server; each step pushes the gradient and pulls the next version) against
 `allreduce` (the default, bucketed reducer): same model, seed, per-worker batch, data and
-optimiser. The server is called through shared memory (the default on one machine, "ps") and,
-for comparison, through Dask actor calls ("ps-actor", `--server-transport actor`) and through
-torch.distributed point-to-point messages ("ps-p2p", `--server-transport p2p`). Throughput
+optimiser. The server is called through torch.distributed point-to-point messages (the
+default, "ps") and, for comparison, through Dask actor calls ("ps-actor",
+`--server-transport actor`). Throughput
 is samples/s over steady-state steps, read from the metrics table's time column as
 `bench_sync_sgd.py` reads it (the first WARMUP steps of each rank left out, ranks summed). The
 sides alternate and medians over the rounds are reported; ratio = ps-sync / allreduce (the
 target is at least 0.85).
 
     python benchmarks/bench_ps_sync.py [--models mlp cnn] [--batch 64] [--steps 60] [--rounds 3]
-        [--sides ps ps-actor ps-p2p allreduce]
+        [--sides ps ps-actor allreduce]
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ from bench_sync_sgd import WARMUP, ours_throughput  # benchmarks/bench_sync_sgd.
 
 from scaledl_lab.runtime.dask.cluster import connect
 
-SIDES = ("ps", "ps-actor", "ps-p2p", "allreduce")
-TRANSPORTS = {"ps": "shm", "ps-actor": "actor", "ps-p2p": "p2p"}
+SIDES = ("ps", "ps-actor", "allreduce")
+TRANSPORTS = {"ps": "auto", "ps-actor": "actor"}
 
 
 def measure(
     client, model: str, batch: int, steps: int, rounds: int, sides: tuple[str, ...] = SIDES
 ) -> dict[str, list[float]]:
-    """Samples/s per round of ``ps-sync`` through shared memory ("ps"), actor calls
-    ("ps-actor") and torch.distributed messages ("ps-p2p"), and of ``allreduce``, the sides
-    taking turns."""
+    """Samples/s per round of ``ps-sync`` through torch.distributed messages ("ps") and actor
+    calls ("ps-actor"), and of ``allreduce``, the sides taking turns."""
     runs: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side in (s for s in SIDES if s in sides):
@@ -60,13 +59,14 @@ def main() -> None:
             f"after {WARMUP} warm-up, median of {args.rounds} rounds (sides alternate)"
         )
         sides = [s for s in SIDES if s in args.sides]
-        print("samples/s (median, then each round); ratios to the first side")
+        base = "allreduce" if "allreduce" in sides else sides[0]
+        print(f"samples/s (median, then each round); ratio = side / {base}")
         for model in args.models:
             runs = measure(client, model, args.batch, args.steps, args.rounds, tuple(sides))
             med = {k: statistics.median(v) for k, v in runs.items()}
             for side in sides:
                 rounds = " ".join(f"{v:8.1f}" for v in runs[side])
-                ratio = med[side] / med[sides[0]]
+                ratio = med[side] / med[base]
                 print(f"{model:>6} {side:>10} {med[side]:>9.1f} {ratio:>6.2f}   {rounds}")
 
 

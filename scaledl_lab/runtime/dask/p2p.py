@@ -133,13 +133,14 @@ class P2PServer:
         return {"port": self.store.port, "size": self.ranks + 1}
 
     def _receive(self, rank: int) -> None:
+        pg = self.pg  # the thread of a rank that never says goodbye outlives close()
         try:
             while True:
-                first, work = post_first(self.pg, rank, CALL)
+                first, work = post_first(pg, rank, CALL)
                 work.wait()
                 if is_goodbye(first):
                     return
-                method, args = receive_rest(self.pg, first, rank, CALL)
+                method, args = receive_rest(pg, first, rank, CALL)
                 self.calls.put((rank, method, args))
         except RuntimeError:  # the rank's process is gone; the others go on
             return
@@ -171,8 +172,12 @@ class P2PServer:
                 self._reply(answer)
 
     def close(self) -> None:
+        """Stop serving and leave the group: its connections and the store's listening thread
+        end now, not whenever the worker process exits (which they would hold up)."""
         self.calls.put(None)
         self.thread.join(timeout=CLOSE_S)
+        self.sends.clear()
+        self.pg = self.store = None
 
 
 class P2PClient:
