@@ -124,7 +124,6 @@ class P2PServer:
         self.calls: queue.Queue[tuple[int, str, tuple[Any, ...]] | None] = queue.Queue()
         self.pg: Any = None
         self.sends: dict[int, list[Any]] = {}  # each rank's last reply, until it is taken
-        self.error: BaseException | None = None  # why serving stopped early, if it did
         self.thread = threading.Thread(target=self._serve, name="p2p-server", daemon=True)
         self.thread.start()
 
@@ -161,8 +160,7 @@ class P2PServer:
     def _serve(self) -> None:
         try:
             self.pg = dist.ProcessGroupGloo(self.store, self.ranks, self.ranks + 1, self.timeout)
-        except RuntimeError as exc:  # a rank never came: it hears of it by its own timeout
-            self.error = exc
+        except RuntimeError:  # a rank never came: each rank hears of it by its own timeout
             return
         for rank in range(self.ranks):
             name = f"p2p-receive-{rank}"
