@@ -23,11 +23,11 @@ class ServerSpec(abc.ABC):
     A server is a plain class whose methods take and return tensors and numbers. The simulator
     keeps the objects in its own process and delivers calls in virtual time; the Dask runtime
     hosts each one as an actor on a worker, called through torch.distributed messages
-    (:mod:`..runtime.dask.p2p`) or actor calls. Calls to one server run one at a time. A
-    call's tensor arguments may be views of the caller's memory, valid until that caller's next
-    call with tensors; a server that keeps one longer copies it. (The synchronous PS keeps a push
-    until its step, which comes before that worker's next push: the worker pulls the stepped
-    version in between.)
+    (:mod:`..runtime.dask.p2p`) or actor calls; both runtimes take the calls through the
+    same loop (:class:`..runtime.servers.ServerLoop`), one at a time, and a method that returns
+    ``NOT_READY`` has its call parked until the server's state changes. A call's tensor arguments
+    are the server's own (every transport delivers a copy), and its reply is copied as it is
+    answered, so a server may keep the one and go on changing what it returned.
     """
 
     @abc.abstractmethod
