@@ -25,6 +25,20 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     return int(math.ceil(2 * (world_size - 1) * nbytes / world_size))
 
 
+def ring_reduce_scatter_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one worker sends in a ring reduce-scatter of ``nbytes`` (each keeps its 1/p sum):
+    p − 1 steps of one chunk each, (p-1)/p · n, half an allreduce."""
+    if world_size <= 1:
+        return 0
+    return int(math.ceil((world_size - 1) * nbytes / world_size))
+
+
+def ring_all_gather_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one worker sends in a ring all-gather whose result is ``nbytes`` (each holds 1/p
+    of it): p − 1 steps of one chunk each, (p-1)/p · n, the other half of an allreduce."""
+    return ring_reduce_scatter_bytes(nbytes, world_size)
+
+
 class CostModelError(ValueError):
     """An unknown profile or an impossible cost parameter."""
 
@@ -146,6 +160,20 @@ def allgather_bytes(nbytes: int, world_size: int) -> int:
     return max(0, world_size - 1) * nbytes
 
 
+def reduce_scatter_time(
+    nbytes: int, world_size: int, net: NetworkProfile, algorithm: str = "ring"
+) -> float:
+    """Time of a reduce-scatter of ``nbytes``: (p − 1)/p · n/β of data through each link, in
+    p − 1 ring steps or ⌈log2 p⌉ recursive-halving rounds. A flat all-gather whose result is
+    ``nbytes`` costs the same (:func:`allgather_time` of n/p each); together they are the ring
+    allreduce."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    steps = p - 1 if algorithm == "ring" else math.ceil(math.log2(p))
+    return steps * net.latency_s + (p - 1) * nbytes / p / net.bandwidth_Bps
+
+
 @dataclass(frozen=True)
 class Stragglers:
     """Seeded slowdowns: fixed slow ranks, a per-worker lognormal spread, random hiccups."""
@@ -237,6 +265,9 @@ class CostModel:
 
     def allgather_time(self, nbytes: int, world_size: int) -> float:
         return allgather_time(nbytes, world_size, self.network, self.allreduce)
+
+    def reduce_scatter_time(self, nbytes: int, world_size: int) -> float:
+        return reduce_scatter_time(nbytes, world_size, self.network, self.allreduce)
 
 
 # -- profiles: built-in device rates and calibration files ---------------------------------
