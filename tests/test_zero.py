@@ -54,9 +54,7 @@ def test_ring_byte_formulas_are_the_two_halves_of_the_allreduce():
             assert ring_all_gather_bytes(n, p) == ring_reduce_scatter_bytes(n, p)
             if n % p == 0:  # no rounding: the halves add up exactly
                 assert 2 * ring_reduce_scatter_bytes(n, p) == ring_allreduce_bytes(n, p)
-        assert 2 * reduce_scatter_time(4000, p, NET) == pytest.approx(
-            allreduce_time(4000, p, NET)
-        )
+        assert 2 * reduce_scatter_time(4000, p, NET) == pytest.approx(allreduce_time(4000, p, NET))
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive-doubling"])

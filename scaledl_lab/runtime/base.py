@@ -185,7 +185,9 @@ class Comm(abc.ABC):
         zeros at the end (:func:`shard_numel`). Counts (p − 1)/p of its bytes as sent."""
         raise RunError("this runtime has no reduce_scatter")
 
-    async def reduce_scatter(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+    async def reduce_scatter(
+        self, tensor: torch.Tensor, group: Group | None = None
+    ) -> torch.Tensor:
         """This member's chunk of the sum of the flat ``tensor`` (see reduce_scatter_start)."""
         return await self.reduce_scatter_start(tensor, group).wait()
 
