@@ -26,17 +26,12 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
 
 
 def ring_reduce_scatter_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in a ring reduce-scatter of ``nbytes`` (each keeps its 1/p sum):
-    p − 1 steps of one chunk each, (p-1)/p · n, half an allreduce."""
-    if world_size <= 1:
-        return 0
-    return int(math.ceil((world_size - 1) * nbytes / world_size))
+    """Bytes one worker sends in a ring reduce-scatter of ``nbytes`` (or an all-gather whose
+    result is ``nbytes``): p − 1 chunks of n/p, (p-1)/p · n, half an allreduce."""
+    return int(math.ceil((world_size - 1) * nbytes / world_size)) if world_size > 1 else 0
 
 
-def ring_all_gather_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in a ring all-gather whose result is ``nbytes`` (each holds 1/p
-    of it): p − 1 steps of one chunk each, (p-1)/p · n, the other half of an allreduce."""
-    return ring_reduce_scatter_bytes(nbytes, world_size)
+ring_all_gather_bytes = ring_reduce_scatter_bytes
 
 
 class CostModelError(ValueError):
@@ -163,12 +158,9 @@ def allgather_bytes(nbytes: int, world_size: int) -> int:
 def reduce_scatter_time(
     nbytes: int, world_size: int, net: NetworkProfile, algorithm: str = "ring"
 ) -> float:
-    """Time of a reduce-scatter of ``nbytes``: (p − 1)/p · n/β of data through each link, in
-    p − 1 ring steps or ⌈log2 p⌉ recursive-halving rounds. A flat all-gather whose result is
-    ``nbytes`` costs the same (:func:`allgather_time` of n/p each); together they are the ring
-    allreduce."""
-    p = world_size
-    if p <= 1:
+    """A reduce-scatter of ``nbytes`` (or an all-gather into ``nbytes``): (p − 1)/p · n/β in
+    p − 1 ring steps or ⌈log2 p⌉ halving rounds; the two together are the ring allreduce."""
+    if (p := world_size) <= 1:
         return 0.0
     steps = p - 1 if algorithm == "ring" else math.ceil(math.log2(p))
     return steps * net.latency_s + (p - 1) * nbytes / p / net.bandwidth_Bps
@@ -265,9 +257,6 @@ class CostModel:
 
     def allgather_time(self, nbytes: int, world_size: int) -> float:
         return allgather_time(nbytes, world_size, self.network, self.allreduce)
-
-    def reduce_scatter_time(self, nbytes: int, world_size: int) -> float:
-        return reduce_scatter_time(nbytes, world_size, self.network, self.allreduce)
 
 
 # -- profiles: built-in device rates and calibration files ---------------------------------

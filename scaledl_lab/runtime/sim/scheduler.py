@@ -32,7 +32,7 @@ from .comm import (
     WaitCall,
     WaitRecv,
 )
-from .cost import CostModel
+from .cost import CostModel, reduce_scatter_time
 from .mail import Mail
 from .servers import SimServers, _ServerState
 
@@ -244,6 +244,7 @@ class SimWorld(SimServers):
             if calls[0].tensor is None
             else calls[0].tensor.numel() * calls[0].tensor.element_size()
         )
+        net, algorithm = self.cost.network, self.cost.allreduce
         if req.kind == "allreduce":
             # Sum in rank order: deterministic, and for two ranks bit-equal to gloo's a + b.
             total = calls[0].tensor
@@ -259,13 +260,13 @@ class SimWorld(SimServers):
                 total += c.tensor
             chunks = total.chunk(len(calls))
             results = {c.rank: chunks[i].clone() for i, c in enumerate(calls)}
-            duration = self.cost.reduce_scatter_time(nbytes, len(members))
+            duration = reduce_scatter_time(nbytes, len(members), net, algorithm)
         elif req.kind == "all_gather_into":
             whole = torch.cat([c.tensor.detach() for c in calls])  # in rank order
             for c in calls:
                 c.out.copy_(whole)
             results = {c.rank: c.out for c in calls}
-            duration = self.cost.reduce_scatter_time(nbytes * len(members), len(members))
+            duration = reduce_scatter_time(nbytes * len(members), len(members), net, algorithm)
         elif req.kind == "allgather":
             gathered = [c.tensor.detach().clone() for c in calls]  # in rank order
             duration = self.cost.allgather_time(nbytes, len(members))
