@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ...runtime.base import Comm, Pending, shard_numel
+from ...training.ledger import Peak
 
 
 class FlatUnit:
@@ -27,7 +28,7 @@ class FlatUnit:
     """
 
     def __init__(self, layer: nn.Module, rank: int, world_size: int, private_shard: bool) -> None:
-        self.layer = layer
+        self.layer, self.rank = layer, rank
         self.params = [p for p in layer.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         self.chunk = shard_numel(self.numel, world_size)
@@ -53,18 +54,23 @@ class FlatUnit:
 
     # -- parameters: gathered before a layer computes, freed after (stage 3) ---------------
 
-    def free(self) -> None:
+    def free(self, buffers: Peak) -> None:
         """Give back ``full``'s memory; the parameters keep their shapes, not their values."""
         self.full.untyped_storage().resize_(0)
         self.is_gathered = False
+        buffers.sub(self.nbytes)
 
-    async def gather(self, comm: Comm) -> None:
-        """Every rank's shard into ``full``: the layer's whole parameters, for one computation."""
+    async def gather(self, comm: Comm, buffers: Peak) -> None:
+        """Every rank's shard into ``full``: the layer's whole parameters, for one computation
+        (stage 3: ``full`` is a buffer of the ledger until :meth:`free`)."""
         if not self.is_gathered:
             self.full.untyped_storage().resize_(self.nbytes)
             self.is_gathered = True
+            buffers.add(self.nbytes)
         # The shard goes as a copy: gloo is not asked to read a chunk of the buffer it writes.
+        buffers.add(self.shard_bytes)
         await comm.all_gather_into(self.full, self.shard.detach().clone())
+        buffers.sub(self.shard_bytes)
 
     # -- gradients: summed over the workers, each rank keeping its chunk --------------------
 
@@ -92,15 +98,36 @@ class FlatUnit:
                 offset += p.numel()
         self.grad_full.zero_()
 
-    def reduce_start(self, comm: Comm) -> Pending:
-        """Start the reduce-scatter of this layer's gradient (this rank gets its chunk's sum)."""
-        return comm.reduce_scatter_start(self.flat_grad())
+    def reduce_start(self, comm: Comm, buffers: Peak) -> Pending:
+        """Start the reduce-scatter of this layer's gradient (this rank gets its chunk's sum);
+        the flat gradient (stages 2 and 3) and the chunk's sum are buffers until it ends."""
+        flat = self.flat_grad()
+        buffers.add(self.shard_bytes + (self.nbytes if self.grad_full is None else 0))
+        return comm.reduce_scatter_start(flat)
 
-    def set_shard_grad(self, summed: torch.Tensor, world_size: int) -> None:
-        """The optimiser's gradient of the shard: the workers' average, as allreduce divides."""
+    def set_shard_grad(self, summed: torch.Tensor, world_size: int, buffers: Peak) -> None:
+        """The optimiser's gradient of the shard: the workers' average, as allreduce divides.
+        Stage 1 keeps it in its chunk of the whole gradient; stages 2 and 3 keep the sum."""
+        buffers.sub(self.shard_bytes + (self.nbytes if self.grad_full is None else 0))
+        if self.grad_full is not None:
+            mine = self.grad_full[self.rank * self.chunk : (self.rank + 1) * self.chunk]
+            summed = mine.copy_(summed)
         if world_size > 1:
             summed.div_(world_size)
-        self.shard.grad = summed
+        self.shard.grad = summed  # stages 2 and 3: the sum, now held as a gradient
+
+
+def blocks(layers: list[nn.Module]) -> list[nn.Module]:
+    """The ordered layers grouped so that each group holds one layer with parameters and the
+    parameter-free layers after it (activations, pooling; those before the first join it):
+    what is gathered, checkpointed and reduce-scattered together, as FSDP wraps a block."""
+    groups: list[list[nn.Module]] = [[]]
+    for layer in layers:
+        owns = any(True for _ in layer.parameters())
+        if owns and any(any(True for _ in m.parameters()) for m in groups[-1]):
+            groups.append([])
+        groups[-1].append(layer)
+    return [g[0] if len(g) == 1 else nn.Sequential(*g) for g in groups]
 
 
 def flat_units(

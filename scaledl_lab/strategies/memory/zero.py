@@ -20,16 +20,18 @@ what it does on the whole. The layers are the model's ordered layers (``partitio
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...runtime.base import Pending
+from ...training.ledger import Peak, SavedTensors, StepMemory, nbytes, optimizer_state_bytes
 from ...training.worker import StepStats, WorkerContext, check_finite, make_optimizer
 from ..model_parallel.partition import layers as model_layers
 from ..registry import register
-from .flat import FlatUnit, flat_units
+from .flat import FlatUnit, blocks, flat_units
 
 DESCRIPTIONS = {
     "zero1": "ZeRO stage 1: optimiser state sharded over the workers",
@@ -40,127 +42,138 @@ STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 
 
 class ShardedModel:
-    """A model whose layers are :class:`FlatUnit` s, and what a ZeRO stage does with them."""
+    """A model whose layers are :class:`FlatUnit` s, and what a ZeRO stage does with them;
+    ``buffers`` and ``saved`` keep the step's memory ledger."""
 
     def __init__(self, ctx: WorkerContext, model: nn.Module, stage: int) -> None:
         self.ctx, self.comm, self.model, self.stage = ctx, ctx.comm, model, stage
-        self.layers = model_layers(model)
+        self.layers = blocks(model_layers(model))
         self.units = flat_units(self.layers, ctx.rank, ctx.world_size, private_shard=stage == 3)
         self.optimizer = make_optimizer(ctx.config, self.shards)
         self.pending: list[tuple[FlatUnit, Pending]] = []
-        if stage == 2:  # each layer's gradient goes as soon as backward has filled it
-            self._ready = dict.fromkeys(self.units, 0)
-            self._unit_of = {id(p): i for i, u in self.units.items() for p in u.params}
-            for unit in self.units.values():
-                for p in unit.params:
-                    p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self.buffers, self.saved = Peak(), SavedTensors()
 
     @property
     def shards(self) -> list[nn.Parameter]:
         return [u.shard for u in self.units.values()]
 
-    def _on_grad_ready(self, p: torch.Tensor) -> None:
-        i = self._unit_of[id(p)]
-        self._ready[i] += 1
-        unit = self.units[i]
-        if self._ready[i] == len(unit.params):
-            self.pending.append((unit, unit.reduce_start(self.comm)))
-
     async def gather_all(self) -> None:
         """Every layer whole (stage 3: to evaluate the model, or to return it)."""
         for unit in self.units.values():
-            await unit.gather(self.comm)
+            await unit.gather(self.comm, self.buffers)
 
     def free_all(self) -> None:
         for unit in self.units.values():
-            unit.free()
+            unit.free(self.buffers)
+
+    def memory(self) -> StepMemory:
+        """This step's ledger, taken after the optimiser's step."""
+        units = self.units.values()
+        held = [u.shard for u in units] if self.stage == 3 else [u.full for u in units]
+        grads = [u.grad_full for u in units] if self.stage == 1 else [u.shard.grad for u in units]
+        return StepMemory(
+            params=nbytes(held),
+            grads=nbytes(grads),
+            optim=optimizer_state_bytes(self.optimizer),
+            activations=self.saved.bytes.peak,
+            buffers=self.buffers.peak,
+        )
 
     # -- one step -------------------------------------------------------------------------
 
     async def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
         """This rank's gradients, reduce-scattered (started; :meth:`reduce` waits)."""
-        if self.stage == 3:
+        self.buffers.reset()  # nothing is in flight between steps
+        self.saved.new_step()
+        if self.stage > 1:
             return await self._forward_backward_by_layer(x, y)
-        if self.stage == 1:
-            for unit in self.units.values():
-                unit.keep_full_grads()
-        else:
-            self._ready = dict.fromkeys(self.units, 0)
+        for unit in self.units.values():
+            unit.keep_full_grads()
         async with self.comm.compute(len(y)):
-            out = self.model(x)
-            loss = F.cross_entropy(out, y)
-            loss.backward()  # zero2: reduce-scatters start in here
-        if self.stage == 1:  # the whole gradient, then one reduce-scatter per layer
-            self.pending = [(u, u.reduce_start(self.comm)) for u in self.units.values()]
+            with self.saved.counting(self.model):
+                out = self.model(x)
+                loss = F.cross_entropy(out, y)
+                loss.backward()
+        # Stage 1: the whole gradient, then one reduce-scatter per layer.
+        self.pending = [(u, u.reduce_start(self.comm, self.buffers)) for u in self.units.values()]
         return StepStats(loss.item(), int((out.argmax(1) == y).sum().item()), len(y))
 
     async def _forward_backward_by_layer(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
-        """Stage 3: layer by layer, each gathered before it computes and freed after; the
-        layers' graphs are cut at their inputs, so that backward runs one layer at a time."""
+        """Stages 2 and 3: layer by layer, the layers' graphs cut at their inputs, so that
+        backward runs one layer at a time and each layer's gradient is reduce-scattered as
+        soon as it is there (at most two in flight). Stage 3 gathers each layer before it
+        computes and frees it after."""
         recompute = self.ctx.config.recompute
+        stage3 = self.stage == 3
         saved: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         h, needs_grad = x, False  # the data needs no gradient, nor what comes from it alone
         for i, layer in enumerate(self.layers):
             unit = self.units.get(i)
-            if unit is not None:
-                await unit.gather(self.comm)
+            if stage3 and unit is not None:
+                await unit.gather(self.comm, self.buffers)
             inp = h.detach().requires_grad_(needs_grad)
             needs_grad = needs_grad or unit is not None
             async with self.comm.compute(len(y), share=_share(self.layers, i) / 3):
                 no_grad = torch.no_grad() if recompute else contextlib.nullcontext()
-                with no_grad:
+                with no_grad, self.saved.counting(self.model):
                     out = layer(inp)
-            if unit is not None:
-                unit.free()
-            saved.append((inp, None if recompute else out))
+            if stage3 and unit is not None:
+                unit.free(self.buffers)
+            saved.append((self.saved.keep(inp) if recompute else inp, None if recompute else out))
             h = out
         logits = h
-        loss = F.cross_entropy(logits, y) if not recompute else None
+        with self.saved.counting(self.model):
+            loss = F.cross_entropy(logits, y) if not recompute else None
+        del h  # with recompute, the checkpoints hold the layers' inputs, nothing else
         grad: torch.Tensor | None = None
         for i in reversed(range(len(self.layers))):
             layer, unit = self.layers[i], self.units.get(i)
             inp, out = saved[i]
+            inp = inp.tensor if recompute else inp  # a checkpoint: held, counted as saved
             if not inp.requires_grad and unit is None:
                 break  # the layers below have no parameters and their input needs no gradient
-            if unit is not None:
-                await unit.gather(self.comm)
+            if stage3 and unit is not None:
+                await unit.gather(self.comm, self.buffers)
             backward = 2 / 3 + (1 / 3 if recompute else 0.0)  # and its forward again
             async with self.comm.compute(len(y), share=_share(self.layers, i) * backward):
-                if out is None:  # recompute: run the layer again, its statistics untouched
-                    with _buffers_kept(layer):
-                        out = layer(inp)
+                with self.saved.counting(self.model):
+                    if out is None:  # recompute: run the layer again, statistics untouched
+                        with _buffers_kept(layer):
+                            out = layer(inp)
+                    if i == len(self.layers) - 1 and loss is None:
+                        loss = F.cross_entropy(out, y)
                 if i == len(self.layers) - 1:
-                    last = F.cross_entropy(out, y) if loss is None else loss
-                    last.backward()
+                    loss.backward()
                 else:
                     torch.autograd.backward(out, grad)
             grad = inp.grad
             saved[i] = (inp, None)
+            del out
             if unit is not None:
-                unit.free()
-                self.pending.append((unit, unit.reduce_start(self.comm)))
-        loss_value = F.cross_entropy(logits.detach(), y).item() if loss is None else loss.item()
+                if stage3:
+                    unit.free(self.buffers)
+                self.pending.append((unit, unit.reduce_start(self.comm, self.buffers)))
+                if len(self.pending) > 1:  # the one before has had this layer's time to go
+                    await self._finish(*self.pending.pop(0))
+        loss_value = loss.item() if loss is not None else math.nan
         correct = int((logits.argmax(1) == y).sum().item())
         return StepStats(loss_value, correct, len(y))
 
+    async def _finish(self, unit: FlatUnit, pending: Pending) -> None:
+        unit.set_shard_grad(await pending.wait(), self.comm.world_size, self.buffers)
+
     async def reduce(self) -> None:
-        """Wait for every layer's reduce-scatter: each shard's gradient is the average."""
-        if self.stage == 2:  # layers whose parameters got no gradient this step
-            done = {id(u) for u, _ in self.pending}
-            for unit in self.units.values():
-                if id(unit) not in done:
-                    self.pending.append((unit, unit.reduce_start(self.comm)))
+        """Wait for the reduce-scatters still in flight: each shard's gradient is the average."""
         for unit, pending in self.pending:
-            unit.set_shard_grad(await pending.wait(), self.comm.world_size)
+            await self._finish(unit, pending)
         self.pending = []
 
     async def step(self) -> None:
         """Step the shards; stages 1 and 2 then gather the updated parameters."""
         self.optimizer.step()
-        self.optimizer.zero_grad()
         if self.stage < 3:
             for unit in self.units.values():
-                await unit.gather(self.comm)
+                await unit.gather(self.comm, self.buffers)
 
 
 def _share(layers: list[nn.Module], i: int) -> float:
@@ -201,7 +214,9 @@ async def train(ctx: WorkerContext) -> None:
         )
         lr = ctx.set_lr(sharded.optimizer, step - 1)
         await sharded.step()
-        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr)
+        memory = sharded.memory().columns()
+        sharded.optimizer.zero_grad()
+        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr, memory=memory)
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await _evaluate(ctx, sharded, step=step)
