@@ -166,3 +166,29 @@ def replica_memory(
         activations=saved.bytes.peak,
         buffers=buffers,
     )
+
+
+def memory_markdown(frame: Any) -> str:
+    """The summary's breakdown: for each run that keeps the ledger, the largest bytes per
+    worker of each category over its train rows (MB), and the model states' sum; "" if none."""
+    columns = [f"mem_{k}" for k in CATEGORIES]
+    if not set(columns) <= set(frame.columns):
+        return ""
+    train = frame[(frame["kind"] == "train") & frame["mem_params"].notna()]
+    if train.empty:
+        return ""
+    lines = [
+        "\n## Memory per worker (the ledger, largest over steps and workers, MB)\n",
+        "| run | parameters | gradients | optimiser | model states | activations | buffers |",
+        "| :--- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run, rows in train.groupby("run", sort=False):
+        top = rows[columns].max()
+        states = rows[columns[:3]].sum(axis=1).max()
+        cells = [top[c] for c in columns[:3]] + [states] + [top[c] for c in columns[3:]]
+        lines.append(f"| {run} | " + " | ".join(_mb(v) for v in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _mb(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value / 1e6:.2f}"

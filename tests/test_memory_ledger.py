@@ -1,0 +1,182 @@
+"""The memory ledger: exact accounting of the model states against ZeRO's formulas, derived
+for this lab's float32 training; activations against what the machine reports (torch.profiler
+on CPU, torch.cuda on a GPU); the same ledger on both runtimes; the summary's breakdown."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from common import SMALL
+from torch.profiler import ProfilerActivity, profile
+
+from scaledl_lab import ExperimentConfig, run
+from scaledl_lab.models import build_model
+from scaledl_lab.runtime.base import shard_numel
+from scaledl_lab.training.ledger import SavedTensors
+from scaledl_lab.training.worker import load_for
+
+MEM = ["mem_params", "mem_grads", "mem_optim", "mem_activations", "mem_buffers"]
+STAGES = ("allreduce", "zero1", "zero2", "zero3")
+
+
+def _cfg(strategy: str, runtime: str = "sim", **changes) -> ExperimentConfig:
+    options = {"workers": 2, "model": "mlp", **SMALL, "max_steps": 2, **changes}
+    return ExperimentConfig(strategy=strategy, runtime=runtime, **options)
+
+
+def _last_ledger(res) -> dict[str, list[float]]:
+    train = res.frame.query("kind == 'train'")
+    last = train[train["step"] == train["step"].max()].sort_values("rank")
+    return {c: last[c].tolist() for c in MEM}
+
+
+def _layer_sizes(cfg: ExperimentConfig) -> list[int]:
+    """Parameters of each layer that has any (the units ZeRO shards), in order."""
+    data = load_for(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+    sizes: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        layer = name.rsplit(".", 1)[0]
+        sizes[layer] = sizes.get(layer, 0) + p.numel()
+    return list(sizes.values())
+
+
+# Bytes of optimiser state per parameter in float32: Adam's two moments, SGD's momentum.
+K_BYTES = {"adam": 8, "sgd": 4}
+
+
+def _zero_formula(strategy: str, sizes: list[int], n: int, k: int) -> tuple[int, int, int]:
+    """(params, grads, optimiser) bytes per worker, ZeRO's Table 1 for float32 training:
+    Ψ parameters of 4 bytes, their 4-byte gradients and K bytes of state each. Data
+    parallelism: 4Ψ + 4Ψ + KΨ. Stage 1: 4Ψ + 4Ψ + KΨ/N; stage 2: 4Ψ + (4 + K)Ψ/N; stage 3:
+    (4 + 4 + K)Ψ/N; here Ψ is padded layer by layer to a multiple of N (the flat units), and
+    Ψ/N is each layer's chunk, ⌈Ψ_layer/N⌉, summed."""
+    psi = sum(sizes)
+    padded = sum(n * shard_numel(s, n) for s in sizes)
+    shard = padded // n
+    if strategy == "allreduce":
+        return 4 * psi, 4 * psi, k * psi
+    if strategy == "zero1":
+        return 4 * padded, 4 * padded, k * shard
+    if strategy == "zero2":
+        return 4 * padded, 4 * shard, k * shard
+    return 4 * shard, 4 * shard, k * shard
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_model_states_equal_the_zero_formulas(workers, optimizer):
+    extra = {"optimizer": "adam", "lr": 1e-3} if optimizer == "adam" else {}
+    states = {}
+    for strategy in STAGES:
+        cfg = _cfg(strategy, workers=workers, **extra)
+        ledger = _last_ledger(run(cfg, progress=False))
+        expected = _zero_formula(strategy, _layer_sizes(cfg), workers, K_BYTES[optimizer])
+        for column, value in zip(MEM[:3], expected, strict=True):
+            assert ledger[column] == [value] * workers, (strategy, column)
+        states[strategy] = sum(expected)
+    # The saving, as ZeRO's factors say: stage 3 holds 1/N of data parallelism's model states
+    # (up to the padding), and every stage holds less than the one before.
+    psi = sum(_layer_sizes(_cfg("allreduce")))
+    assert states["zero3"] / states["allreduce"] == pytest.approx(1 / workers, rel=workers / psi)
+    assert states["allreduce"] > states["zero1"] > states["zero2"] > states["zero3"]
+    k = K_BYTES[optimizer]
+    if k:  # (8 + K/N)/(8 + K) and (4 + (4 + K)/N)/(8 + K), the paper's ratios in float32
+        ratio1 = (8 + k / workers) / (8 + k)
+        assert states["zero1"] / states["allreduce"] == pytest.approx(ratio1, rel=1e-3)
+    ratio2 = (4 + (4 + k) / workers) / (8 + k)
+    assert states["zero2"] / states["allreduce"] == pytest.approx(ratio2, rel=1e-3)
+
+
+def test_stages_save_the_activations_of_data_parallelism():
+    """Activations are not sharded: every stage keeps what allreduce keeps, and what autograd
+    saves is the layers' inputs and ReLU outputs, counted once per storage."""
+    ledgers = {s: _last_ledger(run(_cfg(s), progress=False)) for s in STAGES}
+    reference = ledgers["allreduce"]["mem_activations"]
+    assert all(led["mem_activations"] == reference for led in ledgers.values())
+    b, floats = SMALL["batch_size"], 4
+    # MLP 784-512-512-10: the input, two ReLU outputs, log_softmax's result, the (int64)
+    # targets and nll_loss's total weight, a float32 scalar.
+    expected = b * (784 + 512 + 512 + 10) * floats + b * 8 + 4
+    assert reference == [expected, expected]
+
+
+def test_recomputation_keeps_less_on_the_cnn():
+    plain = _last_ledger(run(_cfg("zero3", model="cnn", max_steps=1), progress=False))
+    again = _last_ledger(
+        run(_cfg("zero3", model="cnn", max_steps=1, recompute=True), progress=False)
+    )
+    assert again["mem_activations"][0] < plain["mem_activations"][0]
+    assert again["mem_params"] == plain["mem_params"]
+
+
+@pytest.mark.parametrize("strategy", STAGES)
+def test_the_ledger_is_the_same_on_both_runtimes(strategy, client):
+    sim = _last_ledger(run(_cfg(strategy), progress=False))
+    dask = _last_ledger(run(_cfg(strategy, "dask"), client=client, progress=False))
+    assert sim == dask
+
+
+def test_strategies_without_the_ledger_leave_it_nan():
+    res = run(_cfg("local-sgd", workers=2), progress=False)
+    train = res.frame.query("kind == 'train'")
+    assert train[MEM].isna().all().all()
+
+
+def _forward_allocations(model_name: str, device: torch.device) -> tuple[int, int, int]:
+    """(ledger activations, bytes of the step's inputs, bytes the machine allocated and kept
+    over the forward): the profiler on CPU, the CUDA allocator's count on a GPU."""
+    torch.manual_seed(0)
+    model = build_model(model_name, (1, 28, 28), 10, seed=0).to(device)
+    x = torch.randn(64, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (64,), device=device)
+    F.cross_entropy(model(x), y).backward()  # warm: lazily made state is made now
+    saved = SavedTensors()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with saved.counting(model):
+            loss = F.cross_entropy(model(x), y)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - before
+    else:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with saved.counting(model):
+                loss = F.cross_entropy(model(x), y)
+        kept = sum(e.self_cpu_memory_usage for e in prof.events())
+    del loss
+    inputs = x.numel() * x.element_size() + y.numel() * y.element_size()
+    return saved.bytes.peak, inputs, kept
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+def test_activations_agree_with_the_profiler(model_name):
+    """What the forward allocates and keeps is what autograd saved, less the inputs (they
+    were allocated before), plus the logits and the loss (alive, not saved): within 10%, as
+    the issue asks; on these models the difference is the logits, under 2% of it."""
+    ledger, inputs, kept = _forward_allocations(model_name, torch.device("cpu"))
+    assert kept == pytest.approx(ledger - inputs, rel=0.10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+def test_activations_agree_with_the_cuda_allocator(model_name):
+    """The caching allocator rounds each block up to 512 bytes: within 10% as on CPU."""
+    ledger, inputs, kept = _forward_allocations(model_name, torch.device("cuda"))
+    assert kept == pytest.approx(ledger - inputs, rel=0.10)
+
+
+def test_summary_breaks_the_memory_down(tmp_path):
+    res = run(_cfg("zero3"), progress=False)
+    res.save(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Memory per worker" in text
+    ledger = _last_ledger(res)
+    states = sum(ledger[c][0] for c in MEM[:3])
+    assert f"| {res.configs[0].label} | {ledger['mem_params'][0] / 1e6:.2f} |" in text
+    assert f"{states / 1e6:.2f}" in text
+    assert not math.isnan(states)
