@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from ...config import ExperimentConfig
 from ...errors import ConfigError
+from ...training.ledger import nbytes
 from ...training.reference import worker_batches
 from ...training.worker import load_for, make_optimizer, total_steps
 from ..model_parallel.partition import layers
@@ -31,6 +33,13 @@ KINDS = ("zero-redundancy", "fully-shard")
 
 def train_with_pytorch(cfg: ExperimentConfig, kind: str) -> dict[str, torch.Tensor]:
     """Rank 0's final state_dict after ``cfg``'s steps trained by PyTorch's ``kind``."""
+    return run_pytorch(cfg, kind)["state"]
+
+
+def run_pytorch(cfg: ExperimentConfig, kind: str) -> dict[str, Any]:
+    """Rank 0's ``state`` (final state_dict), ``step_s`` (each step's seconds, wall-clock) and
+    ``memory`` (bytes it held after its last step: params, grads, optim, as the ledger counts
+    them, of the local shards) after ``cfg``'s steps trained by PyTorch's ``kind``."""
     if kind not in KINDS:
         raise ConfigError(f"kind={kind!r} is unknown; allowed: {', '.join(KINDS)}")
     if cfg.optimizer not in _CLASSES or cfg.lr_schedule != "constant":
@@ -43,6 +52,27 @@ def train_with_pytorch(cfg: ExperimentConfig, kind: str) -> dict[str, torch.Tens
             _rank, args=(cfg, kind, port, tmp), nprocs=cfg.workers, join=True
         )
         return torch.load(Path(tmp) / "rank0.pt", weights_only=True)
+
+
+def _local(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+
+
+def _held(model: torch.nn.Module, optimizer: Any, kind: str) -> dict[str, int]:
+    """The bytes this rank holds, counted as the ledger counts them (its local shards)."""
+    params = list(model.parameters())
+    inner = optimizer.optim if kind == "zero-redundancy" else optimizer
+    optim = 0
+    for p, state in inner.state.items():
+        for v in state.values():
+            v = _local(v)
+            if isinstance(v, torch.Tensor) and v.shape == _local(p).shape and v.dim() > 0:
+                optim += v.numel() * v.element_size()
+    return {
+        "params": nbytes(_local(p) for p in params),
+        "grads": nbytes(_local(p.grad) for p in params),
+        "optim": optim,
+    }
 
 
 _CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad}
@@ -87,7 +117,9 @@ def _rank(rank: int, cfg: ExperimentConfig, kind: str, port: int, out_dir: str) 
             fully_shard(model, mesh=mesh)
             optimizer = make_optimizer(cfg, model.parameters())
         batches = worker_batches(cfg, data, rank, epochs=cfg.epochs)
+        times = []
         for idx in islice(batches, total_steps(cfg)):
+            started = time.perf_counter()
             optimizer.zero_grad()
             x, y = data.train.x[idx].to(cfg.dtype), data.train.y[idx]
             F.cross_entropy(model(x), y).backward()
@@ -96,12 +128,14 @@ def _rank(rank: int, cfg: ExperimentConfig, kind: str, port: int, out_dir: str) 
                     dist.all_reduce(p.grad)
                     p.grad.div_(world)
             optimizer.step()
+            times.append(time.perf_counter() - started)
+        memory = _held(model, optimizer, kind)
         state = {
             k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in model.state_dict().items()
         }
         if rank == 0:
-            torch.save(
-                {k: v.detach().clone() for k, v in state.items()}, Path(out_dir) / "rank0.pt"
-            )
+            state = {k: v.detach().clone() for k, v in state.items()}
+            saved = {"state": state, "step_s": times, "memory": memory}
+            torch.save(saved, Path(out_dir) / "rank0.pt")
     finally:
         dist.destroy_process_group()
