@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from common import SMALL
 from torch.profiler import ProfilerActivity, profile
 
-from scaledl_lab import ExperimentConfig, run
+from scaledl_lab import ConfigError, ExperimentConfig, run
+from scaledl_lab.cli import main
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.base import shard_numel
+from scaledl_lab.strategies.memory.plan import plan
 from scaledl_lab.training.ledger import SavedTensors
 from scaledl_lab.training.worker import load_for
 
@@ -180,3 +183,41 @@ def test_summary_breaks_the_memory_down(tmp_path):
     assert f"| {res.configs[0].label} | {ledger['mem_params'][0] / 1e6:.2f} |" in text
     assert f"{states / 1e6:.2f}" in text
     assert not math.isnan(states)
+
+
+# -- scaledl-lab plan: the ledger and the simulated step predicted from sizes -----------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "model"),
+    [(s, "mlp") for s in ("allreduce", "allreduce-naive", *STAGES[1:])] + [("zero3", "cnn")],
+)
+def test_plan_predicts_what_a_run_records(strategy, model):
+    """Exactly: every ledger column, the simulated seconds of a step and its bytes sent."""
+    cfg = _cfg(strategy, workers=4, model=model, max_steps=4, optimizer="adam", lr=1e-3)
+    predicted = plan(cfg)
+    train = run(cfg, progress=False).frame.query("kind == 'train' and rank == 0")
+    train = train.sort_values("step")
+    assert train[MEM].iloc[-1].tolist() == list(predicted.memory.columns().values())
+    step_s = np.diff(train["time"].to_numpy())[1:]  # after the first: no evaluation between
+    assert step_s == pytest.approx([predicted.step_s] * len(step_s), rel=1e-12)
+    assert (train["bytes_sent"] == predicted.bytes_per_step).all()
+
+
+def test_plan_refuses_strategies_it_cannot_predict():
+    with pytest.raises(ConfigError, match="plan predicts allreduce, allreduce-naive, zero1"):
+        plan(_cfg("local-sgd"))
+
+
+def test_plan_command_says_whether_it_fits(capsys):
+    args = ["plan", "--strategy", "zero3", "--workers", "8", "--model", "mlp", "--optimizer",
+            "adam", "--lr", "0.001", "--batch-size", "32"]  # fmt: skip
+    assert main([*args, "--device-memory-gb", "1"]) == 0
+    out = capsys.readouterr().out
+    expected = plan(_cfg("zero3", workers=8, optimizer="adam", lr=1e-3, batch_size=32))
+    assert f"model states {expected.memory.model_states / 1e6:.3f} MB" in " ".join(out.split())
+    assert "in 1 GB per worker: fits" in out
+    assert main([*args, "--device-memory-gb", "0.001"]) == 1
+    total = sum(expected.memory.columns().values())  # model states, activations, buffers
+    over = (total - 1e6) / 1e9
+    assert f"does not fit: {over:.3f} GB over" in capsys.readouterr().out
