@@ -15,7 +15,7 @@ import pytest
 import torch
 from common import SMALL, max_diff
 
-from scaledl_lab import ConfigError, ExperimentConfig, run
+from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
 from scaledl_lab.errors import RunError
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.base import shard_numel
@@ -269,3 +269,9 @@ def test_recompute_is_refused_where_nothing_recomputes():
 def test_pytorch_comparison_refuses_an_unknown_kind():
     with pytest.raises(ConfigError, match="kind='ddp' is unknown"):
         train_with_pytorch(_zero_cfg("zero1", "sim"), "ddp")
+
+
+def test_a_killed_worker_stops_a_zero_run():
+    """ZeRO is synchronous: every rank holds a shard no other rank has, so losing one ends it."""
+    with pytest.raises(WorkerLostError, match="rank 1 died after step 3"):
+        run(_zero_cfg("zero2", "sim", faults="kill:1:3"), progress=False)

@@ -4,8 +4,10 @@ replica's worth of batches but only 1/N of the model states:
 - ``zero1`` (P_os): every rank holds the whole parameters and gradients, steps the optimiser
   on its shard only; after backward the gradients are reduce-scattered (each rank gets its
   shard's sum), and after the step the parameters are all-gathered;
-- ``zero2`` (P_os+g): + each layer's gradient is reduce-scattered as soon as backward has
-  produced it, and the rank keeps only its shard of it;
+- ``zero2`` (P_os+g): + backward runs block by block (a layer with parameters and the
+  parameter-free layers after it, :func:`.flat.blocks`), each block's gradient is
+  reduce-scattered as soon as it is there, at most two in flight, and the rank keeps only its
+  shard of it;
 - ``zero3`` (P_os+g+p, FSDP's full shard): + the parameters themselves are sharded: each layer
   is all-gathered just before its forward and again before its backward, and freed after each
   (``recompute``: its forward runs again in backward instead of keeping what it saved).
@@ -14,7 +16,10 @@ Traffic per step: a reduce-scatter and an all-gather of the model, 2(N−1)/N·�
 allreduce of data parallelism, for stages 1 and 2; one more all-gather, 3(N−1)/N·Ψ, for
 stage 3. Gradients and updates are the allreduce's, element for element: the same sums in the
 same order, divided by N, and an elementwise optimiser (SGD, Adam, AdaGrad) on a shard does
-what it does on the whole. The layers are the model's ordered layers (``partition.layers``).
+what it does on the whole. The blocks come from the model's ordered layers
+(``partition.layers``). Backward is driven block by block from the program, not from autograd
+hooks, so that a rank can wait for a collective between two blocks on either runtime (the
+simulator can suspend a worker only at an ``await``).
 """
 
 from __future__ import annotations
