@@ -198,11 +198,13 @@ def _assert_traffic(res, strategy: str) -> None:
     assert (train["bytes_sent"] == expected).all()
 
 
-@pytest.mark.parametrize("runtime", ["sim", "dask"])
-def test_zero3_with_recomputation_equals_it_without(runtime, request):
-    """Each layer's forward run again in backward gives the same gradients, bit for bit."""
+@pytest.mark.parametrize(
+    ("strategy", "runtime"), [("zero3", "sim"), ("zero3", "dask"), ("zero2", "sim")]
+)
+def test_recomputation_equals_no_recomputation(strategy, runtime, request):
+    """Each block's forward run again in backward gives the same gradients, bit for bit."""
     client = request.getfixturevalue("client") if runtime == "dask" else None
-    cfg = _zero_cfg("zero3", runtime, max_steps=8, **ADAM)
+    cfg = _zero_cfg(strategy, runtime, max_steps=8, **ADAM)
     plain = run(cfg, client=client, progress=False)
     again = run(cfg.replace(recompute=True), client=client, progress=False)
     assert max_diff(plain.state_dict(), again.state_dict()) == 0.0

@@ -76,7 +76,7 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     pipe.add_argument(
         "--recompute",
         action="store_true",
-        help="gpipe, 1f1b, zero3: recompute forwards in backward",
+        help="gpipe, 1f1b, zero2, zero3: recompute forwards in backward",
     )
     comp = run.add_argument_group("gradient compression (strategies that send gradients)")
     comp.add_argument(

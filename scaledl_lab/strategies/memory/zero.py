@@ -10,7 +10,8 @@ replica's worth of batches but only 1/N of the model states:
   shard of it;
 - ``zero3`` (P_os+g+p, FSDP's full shard): + the parameters themselves are sharded: each layer
   is all-gathered just before its forward and again before its backward, and freed after each
-  (``recompute``: its forward runs again in backward instead of keeping what it saved).
+  (``recompute``, at stages 2 and 3: each block's forward runs again in backward instead
+  of keeping what it saved).
 
 Traffic per step: a reduce-scatter and an all-gather of the model, 2(N−1)/N·Ψ as the ring
 allreduce of data parallelism, for stages 1 and 2; one more all-gather, 3(N−1)/N·Ψ, for
