@@ -18,6 +18,7 @@ from scaledl_lab.cli import main
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.base import shard_numel
 from scaledl_lab.strategies.memory.plan import plan
+from scaledl_lab.strategies.memory.transformer import Transformer
 from scaledl_lab.training.ledger import SavedTensors
 from scaledl_lab.training.worker import load_for
 
@@ -221,3 +222,95 @@ def test_plan_command_says_whether_it_fits(capsys):
     total = sum(expected.memory.columns().values())  # model states, activations, buffers
     over = (total - 1e6) / 1e9
     assert f"does not fit: {over:.3f} GB over" in capsys.readouterr().out
+
+
+# -- a transformer sized from its sizes alone --------------------------------------------------
+
+
+class _Block(torch.nn.Module):
+    """A pre-LayerNorm GPT block in Megatron's sequence-first layout: attention on views of the
+    QKV output (the layout the activation formula assumes)."""
+
+    def __init__(self, h: int, a: int) -> None:
+        super().__init__()
+        self.a = a
+        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+        self.fc1, self.fc2 = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        s, b, h = x.shape
+        a, d = self.a, h // self.a
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+        q, k, v = (t.reshape(s, b * a, d).transpose(0, 1) for t in (q, k, v))
+        scores = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=1 / math.sqrt(d))
+        y = torch.bmm(torch.softmax(scores, dim=-1), v)
+        x = x + self.proj(y.transpose(0, 1).reshape(s, b, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class _GPT(torch.nn.Module):
+    def __init__(self, m: Transformer) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(m.vocabulary, m.hidden)
+        self.pos = torch.nn.Embedding(m.sequence, m.hidden)
+        self.blocks = torch.nn.ModuleList(_Block(m.hidden, m.heads) for _ in range(m.layers))
+        self.ln = torch.nn.LayerNorm(m.hidden)
+        mask = torch.full((m.sequence, m.sequence), float("-inf")).triu(1)
+        self.register_buffer("mask", mask)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (sequence, batch) token ids
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[0]))[:, None]
+        for block in self.blocks:
+            x = block(x, self.mask)
+        return self.ln(x) @ self.tok.weight.t()  # the head tied to the token embedding
+
+
+@pytest.mark.parametrize("sizes", ["3,64,4,32,100", "2,96,8,48,250"])
+def test_transformer_sizes_match_a_gpt_built_from_them(sizes):
+    """Ψ exactly; activations as the ledger counts them on the GPT above, the formula short by
+    only what it leaves out: 8sb bytes of LayerNorm statistics per norm (2L + 1 of them), the
+    token and position ids (8sb + 8s), the mask (4s²) and nll's scalars (8 bytes)."""
+    m = Transformer.parse(sizes)
+    torch.manual_seed(0)
+    gpt = _GPT(m)
+    assert sum(p.numel() for p in gpt.parameters()) == m.parameters
+    b = 5
+    idx = torch.randint(0, m.vocabulary, (m.sequence, b))
+    saved = SavedTensors()
+    with saved.counting(gpt):
+        loss = F.cross_entropy(gpt(idx).reshape(-1, m.vocabulary), idx.reshape(-1))
+    measured = saved.bytes.peak
+    del loss
+    s = m.sequence
+    left_out = (2 * m.layers + 1) * 8 * s * b + 8 * s * b + 8 * s + 4 * s * s + 8
+    assert 0 <= measured - m.activation_bytes(b) <= left_out
+
+
+def test_a_7b_transformer_fits_8_gpus_with_zero3_not_with_allreduce(capsys):
+    """Ψ = 6.66e9 (32 layers, hidden 4096): data parallelism's (4 + 4 + 8)Ψ = 106.5 GB of
+    float32 Adam model states per worker cannot fit 80 GB; ZeRO-3 on 8 holds 16Ψ/8 = 13.3 GB."""
+    args = ["plan", "--workers", "8", "--transformer", "32,4096,32,2048,50257",
+            "--batch-size", "1", "--optimizer", "adam", "--lr", "1e-4",
+            "--compute-profile", "a100", "--network", "nvlink",
+            "--device-memory-gb", "80"]  # fmt: skip
+    m = Transformer.parse("32,4096,32,2048,50257")
+    assert main([*args, "--strategy", "zero3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    shard = sum(
+        -(-u // 8) for u in [m.block_parameters] * 32 + [m.parameters - 32 * m.block_parameters]
+    )
+    assert f"model states {16 * shard / 1e6:.3f} MB" in out
+    assert "in 80 GB per worker: fits" in out
+    assert main([*args, "--strategy", "allreduce"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"model states {16 * m.parameters / 1e6:.3f} MB" in out
+    total = 16 * m.parameters + m.activation_bytes(1)
+    assert f"does not fit: {(total - 80e9) / 1e9:.3f} GB over" in out
+
+
+def test_transformer_sizes_are_checked():
+    with pytest.raises(ConfigError, match="give LAYERS,HIDDEN,HEADS,SEQUENCE,VOCABULARY"):
+        Transformer.parse("32,4096,32")
+    with pytest.raises(ConfigError, match="heads divide hidden"):
+        Transformer.parse("2,100,3,16,10")

@@ -17,6 +17,13 @@ def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> N
     plan.add_argument(
         "--device-memory-gb", type=float, default=None, help="does it fit in this much per worker"
     )
+    plan.add_argument(
+        "--transformer",
+        default=None,
+        metavar="L,H,A,S,V",
+        help="plan a GPT-style transformer of L layers, hidden H, A heads, sequence S and "
+        "vocabulary V instead of --model (--batch-size: sequences per worker)",
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -24,9 +31,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from . import _config_from_args
 
     cfg = _config_from_args(args)
-    p = plan(cfg)
+    if args.transformer is not None:
+        from ..strategies.memory.transformer import Transformer, plan_transformer
+
+        model = Transformer.parse(args.transformer)
+        p = plan_transformer(cfg, model)
+        what = f"a transformer of {model.parameters:,} parameters ({args.transformer})"
+    else:
+        p = plan(cfg)
+        what = f"{cfg.model} on {cfg.dataset}"
     m = p.memory
-    print(f"{cfg.strategy}, {cfg.workers} workers, {cfg.model} on {cfg.dataset}, "
+    print(f"{cfg.strategy}, {cfg.workers} workers, {what}, "
           f"batch {cfg.batch_size} per worker, {cfg.optimizer}, {cfg.precision}")  # fmt: skip
     rows = [("parameters", m.params), ("gradients", m.grads), ("optimiser state", m.optim),
             ("model states", m.model_states), ("activations", m.activations),
