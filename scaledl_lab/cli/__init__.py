@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             calibrate(tuple(args.models), args.out)
         elif args.command == "plan":
-            return plan_cli.cmd_plan(args)
+            return plan_cli.cmd_plan(args, _config_from_args(args))
         elif args.command == "bench":
             return _cmd_bench(args.name)
         elif args.command == "analyse":

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from ..config import ExperimentConfig
+
 
 def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> None:
     plan = sub.add_parser(
@@ -26,11 +28,10 @@ def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> N
     )
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
+    """Print the plan of ``cfg`` (built from ``args`` as `run` builds its config)."""
     from ..strategies.memory.plan import plan
-    from . import _config_from_args
 
-    cfg = _config_from_args(args)
     if args.transformer is not None:
         from ..strategies.memory.transformer import Transformer, plan_transformer
 
