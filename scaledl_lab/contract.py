@@ -27,6 +27,9 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "gpipe",
     "1f1b",
     "tensor-parallel",
+    "zero1",
+    "zero2",
+    "zero3",
 )
 # Gradient compressors (``compress``: none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO,
 # powersgd:RANK).

@@ -114,6 +114,9 @@ class Results:
         warnings = self.warnings()
         if warnings:
             text += "\n## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings)
+        from .training.ledger import memory_markdown
+
+        text += memory_markdown(self.frame)
         if len(self.events):
             text += self._save_pipeline(out)
         (out / "summary.md").write_text(text)

@@ -32,6 +32,7 @@ CAPABILITIES: dict[str, str] = {
     "accumulates": "accumulate=K micro-batches per update",
     "batch_schedule": "batch_schedule=... grows the batch during the run",
     "checkpointable": "every step ends where no message is in flight (checkpoint_every=...)",
+    "recomputes": "recompute=True: each layer's forward runs again in backward (memory)",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 

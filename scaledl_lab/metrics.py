@@ -25,6 +25,11 @@ Every run records one row per worker per step or evaluation. Columns:
   it (workers × batch × accumulate, for every strategy; grown by a batch schedule).
 - ``bytes_uncompressed``: train rows of runs with gradient compression, what the row's messages
   would have sent uncompressed (``bytes_sent`` is what they sent): the compression ratio.
+- ``mem_params``, ``mem_grads``, ``mem_optim``, ``mem_activations``, ``mem_buffers``: train
+  rows of the strategies that keep the memory ledger (allreduce, allreduce-naive, zero1-3):
+  the bytes this worker held in that step for parameters, gradients when the optimiser steps,
+  optimiser state, the most activations saved for backward alive at once, and the most
+  communication buffers alive at once (:mod:`scaledl_lab.training.ledger`).
 
 Columns a row has no value for are NaN.
 """
@@ -42,6 +47,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step", "time",
     "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
     "value", "calls", "effective_batch_size", "bytes_uncompressed",
+    "mem_params", "mem_grads", "mem_optim", "mem_activations", "mem_buffers",
 )  # fmt: skip
 
 # The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
@@ -72,6 +78,11 @@ class Row:
     calls: float = NAN
     effective_batch_size: float = NAN
     bytes_uncompressed: float = NAN
+    mem_params: float = NAN
+    mem_grads: float = NAN
+    mem_optim: float = NAN
+    mem_activations: float = NAN
+    mem_buffers: float = NAN
 
 
 def record(

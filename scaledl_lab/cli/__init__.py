@@ -22,6 +22,7 @@ from ..errors import RunError
 from ..models import MODELS
 from ..runtime.sim.cost import DEVICES, NETWORKS
 from . import large_batch, options
+from . import plan as plan_cli
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -168,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
 
     large_batch.add_analyse(sub)
 
+    plan_cli.add_plan(sub, run)  # memory and step time of a run, without training
     bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
     bench.add_argument("name", nargs="?", default=None)
     return p
@@ -285,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..studies.calibrate import calibrate
 
             calibrate(tuple(args.models), args.out)
+        elif args.command == "plan":
+            return plan_cli.cmd_plan(args, _config_from_args(args))
         elif args.command == "bench":
             return _cmd_bench(args.name)
         elif args.command == "analyse":

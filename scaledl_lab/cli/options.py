@@ -74,7 +74,9 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
         "--balance", default="params", help="pipelines: params | time | layers per stage 2,3,1"
     )
     pipe.add_argument(
-        "--recompute", action="store_true", help="gpipe, 1f1b: recompute forwards in backward"
+        "--recompute",
+        action="store_true",
+        help="gpipe, 1f1b, zero2, zero3: recompute forwards in backward",
     )
     comp = run.add_argument_group("gradient compression (strategies that send gradients)")
     comp.add_argument(

@@ -40,6 +40,33 @@ def tensor_bytes(value: Any) -> int:
     return 8 if isinstance(value, (int, float)) else 0
 
 
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements of each member's chunk when ``numel`` elements are sharded over ``world_size``:
+    the flat tensor is padded with zeros at its end to world_size × this (the last chunks hold
+    the padding), as FSDP and ZeRO pad their flat buffers."""
+    return -(-numel // world_size)
+
+
+def check_shardable(what: str, tensor: torch.Tensor, size: int) -> int:
+    """The chunk size of a flat ``tensor`` split over ``size`` members, or a RunError."""
+    if tensor.dim() != 1 or tensor.numel() % size:
+        raise RunError(
+            f"{what} needs a flat tensor whose size divides by the group's {size} members; got "
+            f"shape {tuple(tensor.shape)}: flatten it and pad it with zeros to "
+            f"{size * shard_numel(tensor.numel(), size)} elements (runtime.base.shard_numel)"
+        )
+    return tensor.numel() // size
+
+
+def check_gather(out: torch.Tensor, shard: torch.Tensor, size: int) -> None:
+    """A RunError unless ``out`` is flat and holds exactly ``size`` flat ``shard``-sized chunks."""
+    if shard.dim() != 1 or out.dim() != 1 or out.numel() != size * shard.numel():
+        raise RunError(
+            f"all_gather_into needs a flat out of {size} × the shard's size; got out "
+            f"{tuple(out.shape)} for shards {tuple(shard.shape)} over {size} members"
+        )
+
+
 def clone_tensors(value: Any) -> Any:
     """A copy of ``value`` whose tensors are private (messages must not alias their sender)."""
     if isinstance(value, torch.Tensor):
@@ -148,6 +175,35 @@ class Comm(abc.ABC):
         """Every member's ``tensor`` (the same size on each), in rank order; do not modify them.
         Counts (members − 1) × its bytes as sent (a ring allgather)."""
         raise RunError("this runtime has no allgather")
+
+    # -- sharded collectives (ZeRO, FSDP): a flat tensor padded to a multiple of the group ---
+
+    def reduce_scatter_start(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        """Start summing the flat ``tensor`` over ``group``; ``wait()`` gives this member's
+        chunk of the sum (the i-th of p equal chunks for the i-th member, a new tensor).
+        ``tensor`` must not change until then. Its size must divide by p: callers pad with
+        zeros at the end (:func:`shard_numel`). Counts (p − 1)/p of its bytes as sent."""
+        raise RunError("this runtime has no reduce_scatter")
+
+    async def reduce_scatter(
+        self, tensor: torch.Tensor, group: Group | None = None
+    ) -> torch.Tensor:
+        """This member's chunk of the sum of the flat ``tensor`` (see reduce_scatter_start)."""
+        return await self.reduce_scatter_start(tensor, group).wait()
+
+    def all_gather_into_start(
+        self, out: torch.Tensor, shard: torch.Tensor, group: Group | None = None
+    ) -> Pending:
+        """Start writing every member's flat ``shard`` (the same size on each) into ``out``,
+        in rank order (``out`` holds p shards); ``wait()`` gives ``out``. Counts (p − 1) ×
+        the shard's bytes as sent: (p − 1)/p of ``out``'s, as a ring all-gather."""
+        raise RunError("this runtime has no all_gather_into")
+
+    async def all_gather_into(
+        self, out: torch.Tensor, shard: torch.Tensor, group: Group | None = None
+    ) -> torch.Tensor:
+        """Every member's ``shard`` concatenated into ``out`` (see all_gather_into_start)."""
+        return await self.all_gather_into_start(out, shard, group).wait()
 
     @abc.abstractmethod
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:

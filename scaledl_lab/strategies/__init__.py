@@ -8,6 +8,7 @@ there before a config is validated.
 - :mod:`.decentralised`: NNT, D-PSGD and AD-PSGD, local SGD, EASGD;
 - :mod:`.model_parallel`: splitting a model, pipelines (naive, GPipe, 1F1B), tensor parallelism;
 - :mod:`.large_batch`: the large-batch recipe, its checks, sharpness, its study and report;
+- :mod:`.memory`: ZeRO's stages 1-3 (sharded optimiser state, gradients, parameters);
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
   travel in each family, its study and report.
 
@@ -19,6 +20,7 @@ from . import (
     data_parallel,
     decentralised,
     large_batch,
+    memory,
     model_parallel,
     parameter_server,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "decentralised",
     "get_strategy",
     "large_batch",
+    "memory",
     "model_parallel",
     "parameter_server",
     "register",

@@ -193,6 +193,7 @@ class WorkerContext:
         staleness: float = math.nan,
         epoch: float | None = None,
         counted: int | None = None,
+        memory: dict[str, float] | None = None,
     ) -> None:
         """The ``kind="train"`` row of local step ``step`` (epoch: local progress by default).
         Compressed runs add ``bytes_uncompressed``: ``sent`` + what the codecs saved since.
@@ -200,6 +201,7 @@ class WorkerContext:
 
         ``counted``: the samples this row adds to the run's throughput, when several workers
         share one mini-batch (a pipeline counts it once, on its last stage); default all.
+        ``memory``: the step's ``mem_*`` columns (:meth:`.ledger.StepMemory.columns`).
         """
         uncompressed = sent + self.bytes_saved - self._saved_logged
         self._saved_logged = self.bytes_saved
@@ -217,6 +219,7 @@ class WorkerContext:
                 lr=lr,
                 effective_batch_size=self.plan.effective_batch(step - 1),
                 bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
+                **(memory or {}),
             )
         )
 

@@ -24,8 +24,17 @@ import torch
 import torch.distributed as dist
 
 from ...errors import RunError, ServerLostError
-from ..base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
-from ..sim.cost import allgather_bytes, ring_allreduce_bytes
+from ..base import (
+    Comm,
+    Group,
+    Incoming,
+    Mailbox,
+    Pending,
+    check_gather,
+    check_shardable,
+    tensor_bytes,
+)
+from ..sim.cost import allgather_bytes, ring_allreduce_bytes, ring_reduce_scatter_bytes
 from .p2p import P2PClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
 from .work import (
@@ -181,6 +190,32 @@ class TorchComm(Comm):
         out = [torch.empty_like(staged) for _ in range(size)]
         dist.all_gather(out, staged, group=None if group is None else self.groups[group])
         return [t.to(tensor.device) for t in out]
+
+    def reduce_scatter_start(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        size = self.group_size(group)
+        chunk = check_shardable("reduce_scatter", tensor, size)
+        self.bytes_sent += ring_reduce_scatter_bytes(tensor.numel() * tensor.element_size(), size)
+        if size == 1:
+            return _Done(tensor.clone())
+        out = torch.empty(chunk, dtype=tensor.dtype, device=tensor.device)
+        staged, staged_out = self._staged(tensor), self._staged(out)
+        pg = None if group is None else self.groups[group]
+        work = dist.reduce_scatter_single(staged_out, staged, group=pg, async_op=True)
+        return _Work(work, out, staged_out)
+
+    def all_gather_into_start(
+        self, out: torch.Tensor, shard: torch.Tensor, group: Group | None = None
+    ) -> Pending:
+        size = self.group_size(group)
+        check_gather(out, shard, size)
+        self.bytes_sent += allgather_bytes(shard.numel() * shard.element_size(), size)
+        if size == 1:
+            out.copy_(shard)
+            return _Done(out)
+        staged, staged_out = self._staged(shard), self._staged(out)
+        pg = None if group is None else self.groups[group]
+        work = dist.all_gather_single(staged_out, staged, group=pg, async_op=True)
+        return _Work(work, out, staged_out)
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

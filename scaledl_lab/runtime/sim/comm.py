@@ -11,8 +11,17 @@ from typing import Any
 import torch
 
 from ...errors import PeerLostError
-from ..base import Comm, Incoming, Mailbox, Pending, clone_tensors, tensor_bytes
-from .cost import allgather_bytes
+from ..base import (
+    Comm,
+    Incoming,
+    Mailbox,
+    Pending,
+    check_gather,
+    check_shardable,
+    clone_tensors,
+    tensor_bytes,
+)
+from .cost import allgather_bytes, ring_reduce_scatter_bytes
 
 
 @dataclass
@@ -27,10 +36,11 @@ class Sleep(Request):
 
 @dataclass
 class Collective(Request):
-    kind: str  # "allreduce" | "allgather" | "broadcast" | "barrier"
+    kind: str  # "allreduce" | "allgather" | "reduce_scatter" | "all_gather_into" | ...
     tensor: torch.Tensor | None = None
     src: int = 0
     group: tuple[int, ...] | None = None  # None: every worker
+    out: torch.Tensor | None = None  # all_gather_into: where the shards go
 
 
 @dataclass
@@ -67,6 +77,16 @@ class _SimPending(Pending):
     async def wait(self) -> torch.Tensor:
         await _Await(Collective(self.comm.rank, "allreduce", self.tensor, group=self.group))
         return self.tensor
+
+
+class _SimSharded(Pending):
+    """A reduce-scatter or flat all-gather, carried out when every member waits for it."""
+
+    def __init__(self, comm: SimComm, request: Collective) -> None:
+        self.comm, self.request = comm, request
+
+    async def wait(self) -> torch.Tensor:
+        return await _Await(self.request)
 
 
 class _SimSent(Pending):
@@ -199,6 +219,23 @@ class SimComm(Comm):
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += allgather_bytes(nbytes, self.group_size(group))
         return await _Await(Collective(self.rank, "allgather", tensor, group=group))
+
+    def reduce_scatter_start(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> Pending:
+        size = self.group_size(group)
+        check_shardable("reduce_scatter", tensor, size)
+        self.bytes_sent += ring_reduce_scatter_bytes(tensor.numel() * tensor.element_size(), size)
+        return _SimSharded(self, Collective(self.rank, "reduce_scatter", tensor, group=group))
+
+    def all_gather_into_start(
+        self, out: torch.Tensor, shard: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> Pending:
+        size = self.group_size(group)
+        check_gather(out, shard, size)
+        self.bytes_sent += allgather_bytes(shard.numel() * shard.element_size(), size)
+        request = Collective(self.rank, "all_gather_into", shard, group=group, out=out)
+        return _SimSharded(self, request)
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

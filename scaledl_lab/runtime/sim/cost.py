@@ -25,6 +25,15 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     return int(math.ceil(2 * (world_size - 1) * nbytes / world_size))
 
 
+def ring_reduce_scatter_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one worker sends in a ring reduce-scatter of ``nbytes`` (or an all-gather whose
+    result is ``nbytes``): p − 1 chunks of n/p, (p-1)/p · n, half an allreduce."""
+    return int(math.ceil((world_size - 1) * nbytes / world_size)) if world_size > 1 else 0
+
+
+ring_all_gather_bytes = ring_reduce_scatter_bytes
+
+
 class CostModelError(ValueError):
     """An unknown profile or an impossible cost parameter."""
 
@@ -144,6 +153,17 @@ def allgather_time(
 def allgather_bytes(nbytes: int, world_size: int) -> int:
     """Bytes one worker sends in an allgather of ``nbytes`` each: its piece to p − 1 workers."""
     return max(0, world_size - 1) * nbytes
+
+
+def reduce_scatter_time(
+    nbytes: int, world_size: int, net: NetworkProfile, algorithm: str = "ring"
+) -> float:
+    """A reduce-scatter of ``nbytes`` (or an all-gather into ``nbytes``): (p − 1)/p · n/β in
+    p − 1 ring steps or ⌈log2 p⌉ halving rounds; the two together are the ring allreduce."""
+    if (p := world_size) <= 1:
+        return 0.0
+    steps = p - 1 if algorithm == "ring" else math.ceil(math.log2(p))
+    return steps * net.latency_s + (p - 1) * nbytes / p / net.bandwidth_Bps
 
 
 @dataclass(frozen=True)

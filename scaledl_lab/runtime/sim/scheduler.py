@@ -33,7 +33,7 @@ from .comm import (
     WaitCall,
     WaitRecv,
 )
-from .cost import CostModel
+from .cost import CostModel, reduce_scatter_time
 from .mail import Mail
 from .servers import SimServers, _ServerState
 
@@ -239,11 +239,13 @@ class SimWorld(SimServers):
             raise RunError(f"collective mismatch: the ranks called {sorted(map(str, kinds))}")
         start = max(self.comms[c.rank].clock for c in calls)
         gathered: list[torch.Tensor] = []
+        results: dict[int, torch.Tensor] = {}  # what each member's wait returns, if not None
         nbytes = (
             0
             if calls[0].tensor is None
             else calls[0].tensor.numel() * calls[0].tensor.element_size()
         )
+        net, algorithm = self.cost.network, self.cost.allreduce
         if req.kind == "allreduce":
             # Sum in rank order: deterministic, and for two ranks bit-equal to gloo's a + b.
             total = calls[0].tensor
@@ -252,6 +254,20 @@ class SimWorld(SimServers):
             for c in calls[1:]:
                 c.tensor.copy_(total)
             duration = self.cost.allreduce_time(nbytes, len(members))
+        elif req.kind == "reduce_scatter":
+            # The same sums, in the same rank order, as the allreduce's: each member its chunk.
+            total = calls[0].tensor.clone()
+            for c in calls[1:]:
+                total += c.tensor
+            chunks = total.chunk(len(calls))
+            results = {c.rank: chunks[i].clone() for i, c in enumerate(calls)}
+            duration = reduce_scatter_time(nbytes, len(members), net, algorithm)
+        elif req.kind == "all_gather_into":
+            whole = torch.cat([c.tensor.detach() for c in calls])  # in rank order
+            for c in calls:
+                c.out.copy_(whole)
+            results = {c.rank: c.out for c in calls}
+            duration = reduce_scatter_time(nbytes * len(members), len(members), net, algorithm)
         elif req.kind == "allgather":
             gathered = [c.tensor.detach().clone() for c in calls]  # in rank order
             duration = self.cost.allgather_time(nbytes, len(members))
@@ -266,7 +282,8 @@ class SimWorld(SimServers):
         for c in calls:
             self._advance(c.rank, start, "idle")
             self._advance(c.rank, start + duration, "comm")
-            self._resume(c.rank, start + duration, list(gathered) if gathered else None)
+            value = list(gathered) if gathered else results.get(c.rank)
+            self._resume(c.rank, start + duration, value)
 
 
 ROWS_PER_BATCH = 200

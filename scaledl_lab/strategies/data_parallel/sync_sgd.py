@@ -10,12 +10,15 @@ does, so communication overlaps the rest of backward).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...params import grad_or_zeros
 from ...runtime.base import Comm, Pending
+from ...training.ledger import SavedTensors, nbytes, replica_memory
 from ...training.snapshots import save_if_due, start_or_resume
 from ...training.worker import StepStats, WorkerContext, check_finite
 from ..compression.messages import CompressedAllreduce, spec_of
@@ -41,12 +44,18 @@ class NaiveAllreduce:
     def __init__(self, model: nn.Module, comm: Comm) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.comm = comm
+        self.flat_bytes = 0
+
+    def buffer_bytes(self) -> int:
+        """The flat buffer of the last step (the memory ledger's communication buffers)."""
+        return self.flat_bytes
 
     async def synchronize(self, stats: torch.Tensor) -> torch.Tensor:
         """Average gradients in place; return ``stats`` summed over the workers."""
         grads = [grad_or_zeros(p).reshape(-1) for p in self.params]
         flat = torch.cat(grads + [stats.to(grads[0].device, grads[0].dtype)])
         await self.comm.allreduce(flat)
+        self.flat_bytes = flat.numel() * flat.element_size()  # the ledger's buffer
         summed = flat[-len(stats) :].to(stats.device, stats.dtype)
         _scatter_back(flat[: -len(stats)], self.params, self.comm.world_size)
         return summed
@@ -93,6 +102,10 @@ class BucketedAllreduce:
         self._steps = 0
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def buffer_bytes(self) -> int:
+        """The buckets' flat buffers (one parameter's bucket is its gradient: nothing more)."""
+        return nbytes(self._flat)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         if not self.reducing:
@@ -178,6 +191,7 @@ async def forward_backward(
     reducer: NaiveAllreduce | BucketedAllreduce,
     x: torch.Tensor,
     y: torch.Tensor,
+    saved: SavedTensors | None = None,
 ) -> StepStats:
     """Gradients of this worker's batch in ``accumulate`` micro-batches (``--accumulate K``):
     each backward adds (1/K)·∇loss, so the sum is the gradient of the whole batch's mean loss.
@@ -190,9 +204,10 @@ async def forward_backward(
         async with ctx.comm.compute(len(ym)):
             if i == 0:
                 optimizer.zero_grad()
-            out = model(xm)
-            loss = F.cross_entropy(out, ym)
-            (loss / k if k > 1 else loss).backward()  # bucketed: allreduces start in here
+            with (saved or SavedTensors()).counting(model if saved else None):  # the ledger
+                out = model(xm)
+                loss = F.cross_entropy(out, ym)
+                (loss / k if k > 1 else loss).backward()  # bucketed: allreduces start in here
         loss_sum += loss.item()
         correct += int((out.argmax(1) == ym).sum().item())
     return StepStats(loss_sum / k, correct, len(y))
@@ -215,9 +230,11 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         reducer = NaiveAllreduce(model, comm)
     else:
         reducer = BucketedAllreduce(model, comm, cfg.bucket_mb)
+    saved = SavedTensors()  # the memory ledger's activations
     for x, y in ctx.local_batches(step):
         sent_before, started = comm.bytes_sent, comm.now()
-        stats = await forward_backward(ctx, model, optimizer, reducer, x, y)
+        saved.new_step()
+        stats = await forward_backward(ctx, model, optimizer, reducer, x, y, saved)
         # The loss travels with the gradients so that every worker sees a divergence at once.
         totals = await reducer.synchronize(torch.tensor([stats.loss], dtype=torch.float64))
         if isinstance(reducer, BucketedAllreduce):
@@ -226,7 +243,9 @@ async def train(ctx: WorkerContext, *, naive: bool = False) -> None:
         lr = ctx.set_lr(optimizer, step)  # the scheduled rate (constant by default)
         optimizer.step()
         step += 1
-        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr)
+        buffers = math.nan if spec is not None else reducer.buffer_bytes()
+        memory = replica_memory(model, optimizer, saved, buffers).columns()
+        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr, memory=memory)
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await ctx.evaluate_shared(model, epoch=ctx.progress(step), step=step)

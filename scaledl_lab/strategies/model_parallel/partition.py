@@ -174,6 +174,8 @@ def check_model_parallel(cfg: Any) -> None:
     name = cfg.strategy
     if not families.has(name, "pipeline"):
         for option, default in (("stages", None), ("micro_batches", 1), ("recompute", False)):
+            if option == "recompute" and families.has(name, "recomputes"):
+                continue  # a family that recomputes without pipelining (zero3)
             if getattr(cfg, option) != default:
                 raise ConfigError(
                     f"{option}={getattr(cfg, option)!r} applies only to the pipeline strategies "

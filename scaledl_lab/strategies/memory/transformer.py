@@ -1,0 +1,116 @@
+"""Sizing a GPT-style transformer from its sizes alone (``scaledl-lab plan --transformer``):
+parameters, the ZeRO model states per worker, activations and the cost model's step.
+
+The model: learned token and position embeddings (the output head tied to the first), then L
+pre-LayerNorm blocks of causal self-attention (QKV in one Linear, a output projection) and a
+4h GELU MLP, then a final LayerNorm: Ψ = V·h + S·h + L·(12h² + 13h) + 2h.
+
+Activations saved for backward per block, float32, no dropout, counted as the ledger counts
+them (each storage once): the block's input and LN1's output (4sbh each), the QKV output that
+Q, K and V are views of (12sbh), the softmax's output (4as²b: the softmax and the product with
+V both keep it), the attention output (4sbh), the residual sum and LN2's output (4sbh each),
+GELU's input and output (16sbh each): 64sbh + 4as²b bytes — Korthikanti et al. 2022's
+34sbh + 5as²b, derived again for 4-byte activations without dropout masks — and once, the final
+LayerNorm's input and output (8sbh) and log-softmax's output (4sbV). Left out: the LayerNorm
+statistics (8sb bytes per norm), the token ids and the causal mask, under 1% at any useful size.
+It assumes attention on views of the QKV output, as Megatron's sequence-first layout computes it
+(a batch-first ``matmul`` copies Q, K and V).
+Forward FLOPs per sequence: 2·Ψ_blocks·s + 4·L·s²·h (Kaplan et al. 2020).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...config import ExperimentConfig
+from ...errors import ConfigError
+from ...runtime.sim.cost import (
+    DEVICES,
+    build_cost_model,
+    reduce_scatter_time,
+    ring_reduce_scatter_bytes,
+)
+from ...training.ledger import StepMemory
+from .plan import STATE_TENSORS, Plan
+from .zero import STAGES
+
+
+@dataclass(frozen=True)
+class Transformer:
+    layers: int
+    hidden: int
+    heads: int
+    sequence: int
+    vocabulary: int
+
+    @classmethod
+    def parse(cls, spec: str) -> Transformer:
+        """``L,H,A,S,V``: layers, hidden width, heads, sequence length, vocabulary."""
+        try:
+            sizes = [int(v) for v in spec.split(",")]
+            model = cls(*sizes)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"transformer={spec!r}: give LAYERS,HIDDEN,HEADS,SEQUENCE,VOCABULARY as five "
+                "positive integers, e.g. 32,4096,32,2048,50257"
+            ) from None
+        if min(sizes) < 1 or model.hidden % model.heads:
+            raise ConfigError(f"transformer={spec!r}: sizes must be positive, heads divide hidden")
+        return model
+
+    @property
+    def block_parameters(self) -> int:
+        h = self.hidden
+        return 12 * h * h + 13 * h
+
+    @property
+    def parameters(self) -> int:
+        h = self.hidden
+        return (self.vocabulary + self.sequence) * h + self.layers * self.block_parameters + 2 * h
+
+    def activation_bytes(self, batch: int) -> int:
+        s, b, h, a = self.sequence, batch, self.hidden, self.heads
+        blocks = self.layers * (64 * s * b * h + 4 * a * s * s * b)
+        return blocks + 8 * s * b * h + 4 * s * b * self.vocabulary
+
+    def forward_flops(self) -> int:
+        s, h = self.sequence, self.hidden
+        return 2 * self.layers * self.block_parameters * s + 4 * self.layers * s * s * h
+
+
+def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
+    """One worker's ledger and step for ``model`` trained as ``cfg`` says (its strategy,
+    workers, per-worker batch of sequences, optimiser, a device's FLOP rate and network);
+    float32. Each block, and the embeddings with the final LayerNorm, is one flat unit padded
+    to the workers as the ZeRO stages pad; data parallelism allreduces the same units."""
+    if cfg.strategy not in ("allreduce", *STAGES):
+        raise ConfigError(f"a transformer plan is for allreduce or zero1-3, not {cfg.strategy!r}")
+    if cfg.compute_profile not in DEVICES:
+        raise ConfigError(
+            f"a transformer plan takes its compute time from a device's FLOP rate "
+            f"({', '.join(DEVICES)}), not from compute_profile={cfg.compute_profile!r}"
+        )
+    n, size, stage = cfg.workers, 4, STAGES.get(cfg.strategy, 0)
+    units = [model.block_parameters] * model.layers
+    units.append((model.vocabulary + model.sequence) * model.hidden + 2 * model.hidden)
+    psi = model.parameters
+    padded = sum(-(-u // n) * n for u in units)
+    shard = padded // n
+    k = 0 if cfg.optimizer == "sgd" and cfg.momentum == 0 else STATE_TENSORS[cfg.optimizer] * size
+    memory = StepMemory(
+        params={0: psi, 1: padded, 2: padded, 3: shard}[stage] * size,
+        grads={0: psi, 1: padded, 2: shard, 3: shard}[stage] * size,
+        optim=(psi if stage == 0 else shard) * k,
+        activations=model.activation_bytes(cfg.batch_size) if not cfg.recompute else math.nan,
+        buffers=math.nan,
+    )
+    cost = build_cost_model(cfg, model.forward_flops())
+    seconds = cost.compute.step_time(cfg.batch_size) * (4 / 3 if cfg.recompute else 1)
+    # An allreduce is a reduce-scatter and an all-gather; stage 3 all-gathers twice.
+    passes = 3 if stage == 3 else 2
+    unit_bytes = [(-(-u // n) * n if stage else u) * size for u in units]
+    net, algorithm = cost.network, cost.allreduce
+    seconds += passes * sum(reduce_scatter_time(b, n, net, algorithm) for b in unit_bytes)
+    sent = passes * sum(ring_reduce_scatter_bytes(b, n) for b in unit_bytes)
+    return Plan(memory, seconds, sent)
