@@ -27,6 +27,8 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "gpipe",
     "1f1b",
     "tensor-parallel",
+    "diloco",
+    "streaming-diloco",
 )
 # Gradient compressors (``compress``: none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO,
 # powersgd:RANK).
@@ -34,7 +36,7 @@ COMPRESSORS: tuple[str, ...] = ("none", "onebit", "qsgd", "topk", "dgc", "powers
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
 IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb", "adamw")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
 # How a real run's ranks call hosted servers: shared memory on one machine, Dask actor calls.
 SERVER_TRANSPORTS: tuple[str, ...] = ("auto", "shm", "actor")
@@ -42,3 +44,5 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 PRECISIONS: tuple[str, ...] = ("float32", "float64")
 # Large batches (scaledl_lab.training.schedule): the learning-rate scaling rules.
 LR_SCALINGS: tuple[str, ...] = ("none", "linear", "sqrt")
+# Low communication (DiLoCo): the outer optimisers applied to the averaged outer gradient.
+OUTER_OPTIMIZERS: tuple[str, ...] = ("sgd", "nesterov")

@@ -9,7 +9,8 @@ there before a config is validated.
 - :mod:`.model_parallel`: splitting a model, pipelines (naive, GPipe, 1F1B), tensor parallelism;
 - :mod:`.large_batch`: the large-batch recipe, its checks, sharpness, its study and report;
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
-  travel in each family, its study and report.
+  travel in each family, its study and report;
+- :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser).
 
 The last two register no strategy of their own: they change how the others train.
 """
@@ -19,6 +20,7 @@ from . import (
     data_parallel,
     decentralised,
     large_batch,
+    low_communication,
     model_parallel,
     parameter_server,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "decentralised",
     "get_strategy",
     "large_batch",
+    "low_communication",
     "model_parallel",
     "parameter_server",
     "register",
