@@ -239,9 +239,7 @@ class SimWorld(SimServers):
         # A background allreduce's transfer began when its ranks started it (the latest of
         # them); the ranks computed meanwhile, and wait only for what is left of it.
         background = calls[0].started is not None
-        start = max(
-            self.comms[c.rank].clock if c.started is None else c.started for c in calls
-        )
+        start = max(self.comms[c.rank].clock if c.started is None else c.started for c in calls)
         gathered: list[torch.Tensor] = []
         nbytes = (
             0
@@ -270,7 +268,9 @@ class SimWorld(SimServers):
         for c in calls:
             self._advance(c.rank, start, "idle")
             self._advance(c.rank, start + duration, "comm")
-            end = max(start + duration, self.comms[c.rank].clock) if background else start + duration
+            end = (
+                max(start + duration, self.comms[c.rank].clock) if background else start + duration
+            )
             self._resume(c.rank, end, list(gathered) if gathered else None)
 
 

@@ -21,7 +21,6 @@ and at each epoch boundary (evaluated by the workers together, reported by rank 
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from torch import nn
 
@@ -77,12 +76,16 @@ async def train(ctx: WorkerContext) -> None:
         sent_before = comm.bytes_sent
         stats = await local_gradient(ctx, model, inner, x, y, step=step, apply=True)
         step += 1
-        if step % cfg.sync_period == 0 or step >= ctx.total_steps:
+        # The closing round (a last step that ends no round of H) only yields the run's one
+        # model; a checkpoint there keeps the state before it, which a longer run goes on from.
+        closing = step >= ctx.total_steps and step % cfg.sync_period != 0
+        kept = (copy.deepcopy(model), block.state_dict()) if closing else None
+        if step % cfg.sync_period == 0 or closing:
             await block.sync(comm)  # Δ averaged, θ ← Outer(θ, Δ), θ_i ← θ
         ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr_of(inner))
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await evaluate_global(ctx, view, [block], step)
-        extra: dict[str, Any] = {"global": block.state_dict()}
-        await save_if_due(ctx, step, model, inner, extra=extra)
+        saved, state = kept or (model, block.state_dict())
+        await save_if_due(ctx, step, saved, inner, extra={"global": state})
     finish(ctx, model)

@@ -15,7 +15,9 @@ F = 1 and τ = 0 this is DiLoCo, step for step (the tests check it).
 
 The run ends by waiting for the fragments still in flight, then one blocking round of every
 fragment with α = 0, so that it yields one model. A lost worker drops out of the averages that
-follow. Outer gradients are sent uncompressed (the paper's 4-bit outer gradients are not built:
+follow; on the simulator also out of a round in flight when it dies (it never joins that
+allreduce), while on Dask a run that tolerates worker loss reduces among the survivors when the
+round starts (no overlap then), so there the round it started still counts it. Outer gradients are sent uncompressed (the paper's 4-bit outer gradients are not built:
 the compression family's compressors are allgathered, which the runtimes cannot overlap yet).
 
 Rows: as :mod:`.diloco`'s; a train row's ``bytes_sent`` is what the fragments started at that

@@ -6,7 +6,8 @@ gradient set as the global parameters' ``.grad``.
 Each worker's batches are its own shard's, in its per-epoch order (as its ``WorkerContext``
 draws them). The schedule is the programs': fragment f's round starts after the steps t with
 (t − offset_f) mod H = 0, its outer step lands τ steps later and is merged with α; the last
-step waits for what is in flight and ends with one round of every fragment. Written with
+step waits for what is in flight and ends with one round of every fragment. A worker killed
+after its step k (``faults``) takes part in the rounds up to k and in none after. Written with
 torch's optimiser and the model's own parameter lists, apart from the workers' code, so that
 agreeing to rounding checks both.
 """
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from ...config import ExperimentConfig
 from ...data import DataSplits
 from ...models import build_model
+from ...training.faults import parse_faults
 from ...training.reference import _plan, worker_batches
 from ...training.schedule import set_lr
 from ...training.worker import make_optimizer
@@ -65,13 +67,19 @@ def train_diloco_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str
     steps = plan.total_steps
     batches = [list(worker_batches(cfg, data, r, epochs=cfg.epochs))[:steps] for r in range(k)]
     starts = offsets(period, count)
+    killed = {kill.rank: kill.step for kill in parse_faults(cfg.faults, k)}
+    alive = list(range(k))
 
-    def outer_gradient(f: int) -> list[torch.Tensor]:
-        """(1/k) Σ_i (θ_f − θ_{i,f}), parameter by parameter."""
-        return [
-            sum(g.detach() - parts[f][j].detach() for parts in local_parts) / k
-            for j, g in enumerate(glob_parts[f])
-        ]
+    def outer_gradients(f: int) -> dict[int, list[torch.Tensor]]:
+        """θ_f − θ_{i,f} of every worker alive, parameter by parameter."""
+        pairs = {i: zip(glob_parts[f], local_parts[i][f], strict=True) for i in alive}
+        return {i: [g.detach() - mine.detach() for g, mine in pairs[i]] for i in alive}
+
+    def average(deltas: dict[int, list[torch.Tensor]]) -> list[torch.Tensor]:
+        """(1/k') Σ_i over the k' workers still alive when the round lands (a worker that died
+        with a round in flight never joined its allreduce, as on the simulator)."""
+        rows = [deltas[i] for i in alive]
+        return [sum(parts) / len(rows) for parts in zip(*rows, strict=True)]
 
     @torch.no_grad()
     def land(f: int, delta: list[torch.Tensor], mix: float) -> None:
@@ -80,13 +88,14 @@ def train_diloco_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str
         for g, d in zip(glob_parts[f], delta, strict=True):
             g.grad = d.clone()
         outer.step()  # only fragment f has gradients: the others stay as they are
-        for parts in local_parts:
-            for local, g in zip(parts[f], glob_parts[f], strict=True):
+        for i in alive:
+            for local, g in zip(local_parts[i][f], glob_parts[f], strict=True):
                 local.copy_(mix * local + (1 - mix) * g)
 
-    in_flight: dict[int, tuple[int, list[torch.Tensor]]] = {}
+    in_flight: dict[int, tuple[int, dict[int, list[torch.Tensor]]]] = {}
     for t in range(steps):
-        for model, inner, mine in zip(replicas, inners, batches, strict=True):
+        for i in alive:
+            model, inner, mine = replicas[i], inners[i], batches[i]
             set_lr(inner, plan.lr(t))
             inner.zero_grad()
             x = data.train.x[mine[t]].to(cfg.dtype)
@@ -98,13 +107,14 @@ def train_diloco_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str
             due, delta = in_flight[f]
             if due == step or last:
                 del in_flight[f]
-                land(f, delta, alpha)
+                land(f, average(delta), alpha)
         for f in range(count):
             if last:
-                land(f, outer_gradient(f), 0.0)
+                land(f, average(outer_gradients(f)), 0.0)
             elif syncs_at(step, starts[f], period):
                 if tau == 0:
-                    land(f, outer_gradient(f), alpha)
+                    land(f, average(outer_gradients(f)), alpha)
                 else:
-                    in_flight[f] = (step + tau, outer_gradient(f))
+                    in_flight[f] = (step + tau, outer_gradients(f))
+        alive = [i for i in alive if killed.get(i) != step]  # they die after this step
     return {k_: v.detach().clone() for k_, v in glob.state_dict().items()}
