@@ -7,6 +7,7 @@ from typing import Any
 
 from ...contract import OUTER_OPTIMIZERS
 from ...errors import ConfigError, choices
+from .compressed import OUTER_COMPRESSORS
 from .fragments import layer_total
 
 DILOCO = ("diloco", "streaming-diloco")
@@ -51,6 +52,13 @@ def check_config(cfg: Any) -> None:
             "outer_optimizer='nesterov' needs outer_momentum > 0: Nesterov momentum with "
             "momentum 0 is plain SGD, so write outer_optimizer='sgd'"
         )
+    if cfg.strategy in DILOCO and cfg.compress != "none":
+        name = str(cfg.compress).partition(":")[0]
+        if name not in OUTER_COMPRESSORS:
+            raise ConfigError(
+                f"compress={cfg.compress!r} does not fit DiLoCo's outer gradients (sent once a "
+                f"round, applied with the outer momentum); use {choices(OUTER_COMPRESSORS)}"
+            )
     _check_streaming(cfg)
 
 

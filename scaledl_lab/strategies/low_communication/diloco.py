@@ -11,7 +11,8 @@ average of the θ_i: local SGD (FedAvg); with H = 1 and plain inner SGD too, syn
 The tests check both, and a sequential twin (:mod:`.twins`) for the general case.
 
 A lost worker drops out of the next outer average. Every step ends with no message in flight,
-so a checkpoint holds the local model, the inner optimiser, θ and the outer momentum.
+so a checkpoint holds the local model, the inner optimiser, θ and the outer momentum. Outer
+gradients may be compressed (``compress``; :mod:`.compressed`).
 
 Rows: ``kind="train"`` per worker per step (``bytes_sent`` is the outer gradient's allreduce on
 the steps that end a round, 0 otherwise); ``val``/``test`` of the global weights θ at the start
@@ -28,6 +29,7 @@ from ...training.snapshots import save_if_due, start_or_resume
 from ...training.worker import WorkerContext, lr_of
 from ..decentralised.replicas import local_gradient
 from ..registry import register
+from .compressed import outer_codec
 from .fragments import fragments_of
 from .outer import GlobalFragment
 
@@ -68,7 +70,7 @@ async def train(ctx: WorkerContext) -> None:
     cfg, comm = ctx.config, ctx.comm
     model, inner, step = await start_or_resume(ctx)  # step > 0: a resumed run
     (whole,) = fragments_of(model, 1)
-    block = GlobalFragment(cfg, whole)
+    block = GlobalFragment(cfg, whole, outer_codec(ctx, whole, 0))
     if ctx.resume is not None:
         block.load_state_dict(ctx.resume["extra"]["global"])
     view = GlobalModel(model, 1)

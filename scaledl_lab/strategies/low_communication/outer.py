@@ -73,20 +73,35 @@ class OuterSum:
         return self.delta.div_(len(self.comm.survivors()))
 
 
+class Averaged:
+    """An outer gradient already averaged (a compressed round's allgather has ended)."""
+
+    def __init__(self, delta: torch.Tensor) -> None:
+        self.delta = delta
+
+    async def wait(self) -> torch.Tensor:
+        return self.delta
+
+
 class GlobalFragment:
     """A fragment's global weights θ with their outer optimiser, the same on every worker,
     beside the worker's own (local) weights of the fragment, which its inner steps move."""
 
-    def __init__(self, cfg: Any, fragment: Fragment) -> None:
+    def __init__(self, cfg: Any, fragment: Fragment, codec: Any = None) -> None:
         self.fragment = fragment
         self.theta = fragment.flat()
         self.outer = outer_optimizer(cfg)
+        self.codec = codec  # compressed outer gradients (compressed.OuterCodec), or None
 
-    def start(self, comm: Comm) -> OuterSum:
-        """Start averaging the outer gradient θ − θ_i (one allreduce of the fragment)."""
-        return OuterSum(comm, self.theta - self.fragment.flat())
+    async def start(self, comm: Comm) -> OuterSum | Averaged:
+        """Start averaging the outer gradient θ − θ_i: one allreduce of the fragment, under way
+        on return; compressed, an allgather of the payloads, done on return."""
+        delta = self.theta - self.fragment.flat()
+        if self.codec is None:
+            return OuterSum(comm, delta)
+        return Averaged(await self.codec.average(comm, delta))
 
-    async def finish(self, pending: OuterSum, alpha: float = 0.0) -> None:
+    async def finish(self, pending: OuterSum | Averaged, alpha: float = 0.0) -> None:
         """The outer step θ ← Outer(θ, Δ), then the local weights take it: θ_i ← θ (DiLoCo),
         or θ_i ← α·θ_i + (1 − α)·θ (Streaming DiLoCo's merge, after τ more inner steps)."""
         self.outer.step(self.theta, await pending.wait())
@@ -96,7 +111,7 @@ class GlobalFragment:
             self.fragment.load(self.fragment.flat().mul_(alpha).add_(self.theta, alpha=1 - alpha))
 
     async def sync(self, comm: Comm, alpha: float = 0.0) -> None:
-        await self.finish(self.start(comm), alpha)
+        await self.finish(await self.start(comm), alpha)
 
     def state_dict(self) -> dict[str, Any]:
         return {"theta": self.theta.clone(), "outer": self.outer.state_dict()}

@@ -17,8 +17,12 @@ The run ends by waiting for the fragments still in flight, then one blocking rou
 fragment with α = 0, so that it yields one model. A lost worker drops out of the averages that
 follow; on the simulator also out of a round in flight when it dies (it never joins that
 allreduce), while on Dask a run that tolerates worker loss reduces among the survivors when the
-round starts (no overlap then), so there the round it started still counts it. Outer gradients are sent uncompressed (the paper's 4-bit outer gradients are not built:
-the compression family's compressors are allgathered, which the runtimes cannot overlap yet).
+round starts (no overlap then), so there the round it started still counts it.
+
+Outer gradients may be compressed (``compress``: onebit, qsgd:LEVELS, topk:RATIO, with error
+feedback; :mod:`.compressed`), as the paper sends them in 4 bits (qsgd:7 codes each entry in
+4 bits). Compressed payloads cannot be summed, so they are allgathered when the round starts:
+a compressed round saves bytes but does not overlap.
 
 Rows: as :mod:`.diloco`'s; a train row's ``bytes_sent`` is what the fragments started at that
 step sent.
@@ -31,9 +35,10 @@ from typing import Any
 from ...training.worker import WorkerContext, lr_of
 from ..decentralised.replicas import local_gradient
 from ..registry import register
+from .compressed import outer_codec
 from .diloco import GlobalModel, evaluate_global, finish
 from .fragments import fragments_of, offsets, syncs_at
-from .outer import GlobalFragment, OuterSum
+from .outer import Averaged, GlobalFragment, OuterSum
 
 
 def mixing_alpha(cfg: Any) -> float:
@@ -54,10 +59,13 @@ async def train(ctx: WorkerContext) -> None:
     cfg, comm = ctx.config, ctx.comm
     period, tau, alpha = cfg.sync_period, cfg.overlap_steps, mixing_alpha(cfg)
     model, inner = await ctx.start()
-    blocks = [GlobalFragment(cfg, f) for f in fragments_of(model, cfg.fragments)]
+    parts = fragments_of(model, cfg.fragments)
+    blocks = [GlobalFragment(cfg, f, outer_codec(ctx, f, i)) for i, f in enumerate(parts)]
     starts = offsets(period, cfg.fragments)
     view = GlobalModel(model, cfg.fragments)
-    in_flight: dict[int, tuple[int, OuterSum]] = {}  # fragment -> (step it merges at, its sum)
+    in_flight: dict[
+        int, tuple[int, OuterSum | Averaged]
+    ] = {}  # fragment -> (step it merges at, its sum)
     step = 0
     for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
@@ -73,7 +81,7 @@ async def train(ctx: WorkerContext) -> None:
             if last:
                 await block.sync(comm)  # the closing round: every fragment, α = 0
             elif syncs_at(step, starts[f], period):
-                pending = block.start(comm)
+                pending = await block.start(comm)
                 if tau == 0:
                     await block.finish(pending, alpha)
                 else:
