@@ -347,3 +347,68 @@ def test_the_cli_runs_diloco_with_its_flags_and_lists_the_wan(tmp_path, capsys):
     assert "  low_communication: " in out
     assert main(["run", "--strategy", "diloco", "--runtime", "sim", "--outer-lr", "0"]) == 1
     assert "outer_lr=0.0 must be a positive number" in capsys.readouterr().err
+
+
+# -- the study's verdicts -------------------------------------------------------------------
+
+
+def _runs(accuracy: dict[str, list[float]], **columns: dict[str, float]) -> pd.DataFrame:
+    """A per-run table as ``study.table`` makes it: one row per (what, seed)."""
+    rows = []
+    for what, values in accuracy.items():
+        for seed, acc in enumerate(values):
+            row = {"what": what, "seed": seed, "test_accuracy": acc}
+            row.update({name: float(col.get(what, 1.0)) for name, col in columns.items()})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_the_study_decides_its_claims_on_the_seed_spreads():
+    from scaledl_lab.strategies.low_communication import study
+
+    grid = {f"diloco H={h}": [0.80, 0.81, 0.82] for h in study.H_GRID}
+    grid["diloco H=100"] = [0.70, 0.71, 0.72]  # more than a point below synchronous SGD
+    grid["diloco H=500"] = [0.60, 0.61, 0.62]
+    accuracy = {
+        "allreduce": [0.81, 0.81, 0.81],
+        **grid,
+        "fedavg H=50": [0.75, 0.76, 0.77],
+        "streaming H=50": [0.81, 0.81, 0.81],
+    }
+    bytes_per_step = {"allreduce": 500.0, **{f"diloco H={h}": 500.0 / h for h in study.H_GRID}}
+    peak = {"diloco H=50": 3000.0, "streaming H=50": 1000.0}
+    time = {"diloco H=50": 10.0, "streaming H=50": 8.0}
+    runs = _runs(accuracy, bytes_per_step=bytes_per_step, peak_bytes=peak, time_s=time)
+    claims = {c.key: c for c in study.verdicts(runs)}
+    h = claims["diloco-h"]
+    assert h.verdict == "supported" and h.figures["largest_h"] == 50
+    assert h.figures["bytes_ratio"] == pytest.approx(50)
+    assert claims["nesterov-vs-fedavg"].verdict == "supported"  # +5 points, 2 SE 1.6
+    assert claims["nesterov-vs-fedavg"].figures["gap"] == pytest.approx(0.05)
+    assert claims["streaming"].verdict == "supported"
+    assert claims["streaming"].figures["peak_ratio"] == pytest.approx(3.0)
+    # Slower on the wan: not supported, whatever the accuracy and the peak say.
+    slower = _runs(accuracy, bytes_per_step=bytes_per_step, peak_bytes=peak,
+                   time_s={**time, "streaming H=50": 12.0})  # fmt: skip
+    assert {c.key: c.verdict for c in study.verdicts(slower)}["streaming"] == "not supported"
+    # A gap inside the seed noise decides nothing.
+    close = dict(accuracy, **{"fedavg H=50": [0.775, 0.805, 0.835]})  # +0.5, 2 SE 3.7
+    noisy = _runs(close, bytes_per_step=bytes_per_step, peak_bytes=peak, time_s=time)
+    assert {c.key: c.verdict for c in study.verdicts(noisy)}["nesterov-vs-fedavg"] == (
+        "inconclusive"
+    )
+
+
+def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
+    from scaledl_lab.strategies.low_communication import study
+
+    cfg = ExperimentConfig(strategy="streaming-diloco", runtime="sim", sync_period=6,
+                           fragments=3, name="streaming H=6 · seed 0", **BASE)  # fmt: skip
+    res = study.run_study(configs=[cfg])
+    (row,) = study.table(res.frame).itertuples()
+    train = res.frame.query("kind == 'train'")
+    assert (row.what, row.seed) == ("streaming H=6", 0)
+    assert row.bytes_per_step == train.query("rank == 0").bytes_sent.sum() / 20
+    assert row.peak_bytes == train.query("step < 20").bytes_sent.max()  # not the closing round
+    assert row.peak_bytes < train.bytes_sent.max()
+    assert row.time_s == res.frame.time.max()
