@@ -412,3 +412,16 @@ def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
     assert row.peak_bytes == train.query("step < 20").bytes_sent.max()  # not the closing round
     assert row.peak_bytes < train.bytes_sent.max()
     assert row.time_s == res.frame.time.max()
+
+
+def test_the_committed_study_summary_renders_from_its_runs():
+    from pathlib import Path
+
+    from scaledl_lab.strategies.low_communication import study
+
+    out = Path(__file__).resolve().parents[1] / "results" / "low-communication"
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs.seed.unique()) == list(study.SEEDS)
+    assert len(runs) == len(study.study_configs())
+    text = (out / "summary.md").read_text()
+    assert text[text.index("## Verdicts") :] == "\n".join(study.verdict_section(runs)) + "\n"

@@ -157,6 +157,15 @@ def verdicts(runs: pd.DataFrame) -> list[Claim]:
     return claims
 
 
+def verdict_section(runs: pd.DataFrame) -> list[str]:
+    """The summary's verdict lines, rendered from the typed claims."""
+    return [
+        "## Verdicts",
+        "",
+        *(f"- **{c.key}** ({c.verdict}): {c.reason}." for c in verdicts(runs)),
+    ]
+
+
 def write_summary(out: str | os.PathLike[str], runs: pd.DataFrame) -> Path:
     """``summary.md``: the table over seeds and one line per verdict."""
     s = spread(runs)
@@ -167,8 +176,7 @@ def write_summary(out: str | os.PathLike[str], runs: pd.DataFrame) -> Path:
         cells = [f"{r.test_accuracy:.2%}", f"{r.accuracy_sd:.2%}", f"{r.bytes_per_step:,.0f}",
                  f"{r.peak_bytes:,.0f}", f"{r.time_s:.1f}"]  # fmt: skip
         lines.append(f"| {what} | " + " | ".join(cells) + " |")
-    lines += ["", "## Verdicts", ""]
-    lines += [f"- **{c.key}** ({c.verdict}): {c.reason}." for c in verdicts(runs)]
+    lines += ["", *verdict_section(runs)]
     path = Path(out) / "summary.md"
     path.write_text("\n".join(lines) + "\n")
     return path
