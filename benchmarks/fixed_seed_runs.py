@@ -40,6 +40,8 @@ PER_STRATEGY = {
     "1f1b": dict(workers=4, stages=2, micro_batches=4),
     "tensor-parallel": dict(workers=2),
     "hogwild": dict(workers=4),
+    "diloco": dict(workers=4, sync_period=5, optimizer="adamw", lr=1e-3),
+    "streaming-diloco": dict(workers=4, sync_period=6, fragments=3, overlap_steps=2),
 }
 
 VARIANTS = {
@@ -68,6 +70,15 @@ VARIANTS = {
         nnt_max_lead=2,
     ),  # fmt: skip
     "dpsgd-kill": dict(strategy="dpsgd", workers=4, topology="ring", faults="kill:1:3"),
+    "streaming-diloco-wan-kill": dict(
+        strategy="streaming-diloco",
+        workers=4,
+        sync_period=4,
+        fragments=2,
+        overlap_steps=1,
+        network="wan",
+        faults="kill:2:5",
+    ),  # fmt: skip
 }
 
 

@@ -120,6 +120,15 @@ class ExperimentConfig:
     # Faults and checkpoints (scaledl_lab.training.faults, scaledl_lab.training.checkpoint).
     faults: str | None = None  # "kill:RANK:STEP,...": worker RANK dies after its step STEP
     checkpoint_every: int | str | None = None  # N steps, or "Nepochs"; beside the metrics
+    # low communication (scaledl_lab.strategies.low_communication): diloco, streaming-diloco;
+    # sync_period above is DiLoCo's H (inner steps per outer step).
+    outer_optimizer: str = "nesterov"  # sgd | nesterov: applied to the averaged outer gradient
+    outer_lr: float = 0.7  # DiLoCo's outer learning rate
+    outer_momentum: float = 0.9  # DiLoCo's outer momentum (0 with sgd: plain averaging steps)
+    fragments: int = 1  # streaming-diloco: contiguous groups of layers, synchronised in turn
+    overlap_steps: int = 0  # streaming-diloco: τ, inner steps a fragment's all-reduce overlaps
+    mixing_alpha: float | None = None  # streaming-diloco: α, local share when merging (None:
+    # 0.5 with overlap, the Streaming DiLoCo paper's choice; 0 without, i.e. DiLoCo's replace)
 
     def __post_init__(self) -> None:
         validate(self)

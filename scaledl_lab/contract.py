@@ -30,6 +30,8 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "zero1",
     "zero2",
     "zero3",
+    "diloco",
+    "streaming-diloco",
 )
 # Gradient compressors (``compress``: none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO,
 # powersgd:RANK).
@@ -37,7 +39,7 @@ COMPRESSORS: tuple[str, ...] = ("none", "onebit", "qsgd", "topk", "dgc", "powers
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
 IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb", "adamw")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
 # How a real run's ranks call hosted servers: torch.distributed point-to-point messages (auto,
 # p2p), Dask actor calls (actor); and the transports removed, with what replaced them.
@@ -51,3 +53,5 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 PRECISIONS: tuple[str, ...] = ("float32", "float64")
 # Large batches (scaledl_lab.training.schedule): the learning-rate scaling rules.
 LR_SCALINGS: tuple[str, ...] = ("none", "linear", "sqrt")
+# Low communication (DiLoCo): the outer optimisers applied to the averaged outer gradient.
+OUTER_OPTIMIZERS: tuple[str, ...] = ("sgd", "nesterov")

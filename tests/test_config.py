@@ -136,7 +136,7 @@ def test_capabilities_are_asked_of_the_records():
     assert families.with_capability("splits_model")[-1] == "tensor-parallel"
     assert families.with_capability("accumulates") == ("allreduce", "allreduce-naive")
     assert families.with_capability("checkpointable") == (
-        "allreduce", "allreduce-naive", "ps-sync", "dpsgd",
+        "allreduce", "allreduce-naive", "ps-sync", "dpsgd", "diloco",
     )  # fmt: skip
     assert "hogwild" not in families.with_capability("compressible")
     assert families.has("nnt", "takes_topology") and not families.has("allreduce", "pipeline")

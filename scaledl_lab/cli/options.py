@@ -1,6 +1,6 @@
 """The `scaledl-lab run` options of the strategy families: parameter servers, EASGD, NNT,
-model parallelism, gradient compression, faults and checkpoints (and the config fields they
-set)."""
+model parallelism, gradient compression, faults and checkpoints, low communication (and the
+config fields they set)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
         "--sync-period",
         type=int,
         default=d["sync_period"].default,
-        help="local-sgd, easgd: local steps between averagings",
+        help="local-sgd, easgd: local steps between averagings; diloco: inner steps (H)",
     )
     opts.add_argument("--elastic-alpha", type=float, default=None, help="easgd moving rate")
     opts.add_argument(
@@ -96,6 +96,30 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
         default=None,
         help="N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
     )
+    # low communication: diloco, streaming-diloco (--sync-period is DiLoCo's H)
+    low = run.add_argument_group("low communication (diloco, streaming-diloco)")
+    low.add_argument(
+        "--outer-optimizer",
+        default=d["outer_optimizer"].default,
+        help="sgd | nesterov: the outer step on the averaged outer gradient",
+    )
+    low.add_argument("--outer-lr", type=float, default=d["outer_lr"].default)
+    low.add_argument("--outer-momentum", type=float, default=d["outer_momentum"].default)
+    low.add_argument(
+        "--fragments",
+        type=int,
+        default=d["fragments"].default,
+        help="streaming-diloco: fragments of layers synchronised in turn",
+    )
+    low.add_argument(
+        "--overlap-steps",
+        type=int,
+        default=d["overlap_steps"].default,
+        help="streaming-diloco: τ, inner steps each outer all-reduce overlaps",
+    )
+    low.add_argument("--mixing-alpha", type=float, default=None,
+                     help="streaming-diloco: α, the local share when merging (default 0.5 "
+                     "with overlap, 0 without)")  # fmt: skip
 
 
 def config_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,6 +134,10 @@ def config_options(args: argparse.Namespace) -> dict[str, Any]:
         balance=args.balance, recompute=args.recompute, compress=args.compress,
         error_feedback=not args.no_error_feedback, faults=args.faults,
         checkpoint_every=_steps_or_text(args.checkpoint_every),
+        # low communication
+        outer_optimizer=args.outer_optimizer, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, fragments=args.fragments,
+        overlap_steps=args.overlap_steps, mixing_alpha=args.mixing_alpha,
     )  # fmt: skip
 
 

@@ -165,6 +165,12 @@ class Comm(abc.ABC):
         """In-place sum of ``tensor`` over ``group`` (default: every worker)."""
         return await self.allreduce_start(tensor, group).wait()
 
+    def allreduce_background(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        """Start an allreduce that runs behind the computation before its ``wait()`` (Streaming
+        DiLoCo's outer gradients): :meth:`allreduce_start` on a real runtime; the simulator
+        counts its transfer from now, so the steps computed meanwhile hide it."""
+        return self.allreduce_start(tensor, group)
+
     def allreduce_bytes(self, nbytes: int, group: Group | None = None) -> int:
         """Bytes this worker sends in an allreduce of ``nbytes`` (what ``bytes_sent`` counts)."""
         return ring_allreduce_bytes(nbytes, self.group_size(group))

@@ -10,7 +10,8 @@ there before a config is validated.
 - :mod:`.large_batch`: the large-batch recipe, its checks, sharpness, its study and report;
 - :mod:`.memory`: ZeRO's stages 1-3 (sharded optimiser state, gradients, parameters);
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
-  travel in each family, its study and report.
+  travel in each family, its study and report;
+- :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser).
 
 The last two register no strategy of their own: they change how the others train.
 """
@@ -20,6 +21,7 @@ from . import (
     data_parallel,
     decentralised,
     large_batch,
+    low_communication,
     memory,
     model_parallel,
     parameter_server,
@@ -35,6 +37,7 @@ __all__ = [
     "decentralised",
     "get_strategy",
     "large_batch",
+    "low_communication",
     "memory",
     "model_parallel",
     "parameter_server",

@@ -1,5 +1,6 @@
 """Layer-wise adaptive optimisers for large batches: LARS (You, Gitman, Ginsburg 2017) and LAMB
-(You et al. 2019), as ``torch.optim.Optimizer`` subclasses.
+(You et al. 2019), as ``torch.optim.Optimizer`` subclasses; and AdamW (Loshchilov & Hutter
+2019), DiLoCo's inner optimiser, written out so that its decoupled weight decay is on screen.
 
 Both scale each layer's update by a *trust ratio*, the layer's weight norm over its update norm
 (times a trust coefficient), so that no layer moves by more than a set fraction of its size
@@ -10,6 +11,7 @@ al. 2017 and the LARS/LAMB reference implementations do).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -131,4 +133,50 @@ class LAMB(Optimizer):
                     u_norm = torch.linalg.vector_norm(update)
                     update.mul_(trust_ratio(w_norm, u_norm, group["trust_coefficient"]))
                 p.add_(update, alpha=-group["lr"])
+        return loss
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019, Algorithm 2), with
+    ``torch.optim.AdamW``'s arithmetic (the tests compare the two).
+
+    The decay shrinks the weights directly, w ← w − lr·λ·w, before the Adam step; it never
+    enters the moments m, v, as an L2 term added to the gradient would (``torch.optim.Adam``'s
+    ``weight_decay``), so a coordinate with large v is decayed as much as any other.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr = group["lr"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                p.mul_(1 - lr * group["weight_decay"])  # decoupled: not through m and v
+                m.lerp_(p.grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                step_size = lr / (1 - beta1**t)
+                denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
+                p.addcdiv_(m, denom, value=-step_size)
         return loss

@@ -13,7 +13,7 @@ import torch
 
 from ..config import ExperimentConfig
 from ..data import DataSplits, load_dataset
-from .optim import LAMB, LARS, param_groups
+from .optim import LAMB, LARS, AdamW, param_groups
 from .schedule import StepPlan
 
 
@@ -86,6 +86,8 @@ def _optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
         momentum = 0.0 if momentum_correction(cfg) else cfg.momentum
         return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum,
                                weight_decay=cfg.weight_decay, foreach=True)  # fmt: skip
+    if cfg.optimizer == "adamw":
+        return AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)

@@ -41,6 +41,7 @@ class Collective(Request):
     src: int = 0
     group: tuple[int, ...] | None = None  # None: every worker
     out: torch.Tensor | None = None  # all_gather_into: where the shards go
+    started: float | None = None  # a background allreduce: its transfer began then
 
 
 @dataclass
@@ -73,9 +74,14 @@ class _Await:
 class _SimPending(Pending):
     def __init__(self, comm: SimComm, tensor: torch.Tensor, group: tuple[int, ...] | None) -> None:
         self.comm, self.tensor, self.group = comm, tensor, group
+        self.started: float | None = None
 
     async def wait(self) -> torch.Tensor:
-        await _Await(Collective(self.comm.rank, "allreduce", self.tensor, group=self.group))
+        await _Await(
+            Collective(
+                self.comm.rank, "allreduce", self.tensor, group=self.group, started=self.started
+            )
+        )
         return self.tensor
 
 
@@ -209,6 +215,14 @@ class SimComm(Comm):
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += self.world.cost.allreduce_bytes(nbytes, self.group_size(group))
         return _SimPending(self, tensor, group)
+
+    def allreduce_background(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> Pending:
+        pending = self.allreduce_start(tensor, group)
+        assert isinstance(pending, _SimPending)
+        pending.started = self.clock  # the sum is taken at wait(); its time runs from now
+        return pending
 
     def allreduce_bytes(self, nbytes: int, group: tuple[int, ...] | None = None) -> int:
         return self.world.cost.allreduce_bytes(nbytes, self.group_size(group))

@@ -111,6 +111,11 @@ NETWORKS: dict[str, NetworkProfile] = {
     "10gbe": NetworkProfile("10gbe", 20e-6, 1.25e9),
     "100g-ib": NetworkProfile("100g-ib", 2e-6, 12.5e9),
     "nvlink": NetworkProfile("nvlink", 2e-6, 150e9),
+    # Between data centres on two continents (DiLoCo's setting): 40 ms one way, half the
+    # ~80 ms round trip that public inter-region latency tables give between US-east and
+    # western Europe, and 1 Gbit/s, what one long-haul TCP stream typically sustains (the low
+    # end of the 1-100 Gbit/s range Streaming DiLoCo's compute-utilisation simulation sweeps).
+    "wan": NetworkProfile("wan", 40e-3, 0.125e9),
 }
 ALLREDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "recursive-doubling")
 

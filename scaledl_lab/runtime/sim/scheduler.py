@@ -237,7 +237,10 @@ class SimWorld(SimServers):
         kinds = {(c.kind, None if c.tensor is None else c.tensor.numel()) for c in calls}
         if len(kinds) != 1:
             raise RunError(f"collective mismatch: the ranks called {sorted(map(str, kinds))}")
-        start = max(self.comms[c.rank].clock for c in calls)
+        # A background allreduce's transfer began when its ranks started it (the latest of
+        # them); the ranks computed meanwhile, and wait only for what is left of it.
+        background = calls[0].started is not None
+        start = max(self.comms[c.rank].clock if c.started is None else c.started for c in calls)
         gathered: list[torch.Tensor] = []
         results: dict[int, torch.Tensor] = {}  # what each member's wait returns, if not None
         nbytes = (
@@ -283,7 +286,10 @@ class SimWorld(SimServers):
             self._advance(c.rank, start, "idle")
             self._advance(c.rank, start + duration, "comm")
             value = list(gathered) if gathered else results.get(c.rank)
-            self._resume(c.rank, start + duration, value)
+            end = (
+                max(start + duration, self.comms[c.rank].clock) if background else start + duration
+            )
+            self._resume(c.rank, end, value)
 
 
 ROWS_PER_BATCH = 200
