@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ...errors import RunError, ServerLostError
 from ..base import Comm, Group, Incoming, Mailbox, Pending, tensor_bytes
-from ..sim.cost import allgather_bytes, ring_allreduce_bytes
+from ..collectives import allgather_bytes, ring_allreduce_bytes
 from .shm_link import ShmClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
 from .work import (

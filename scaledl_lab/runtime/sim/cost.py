@@ -17,12 +17,9 @@ from typing import Any
 
 import numpy as np
 
-
-def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in a ring allreduce: reduce-scatter then all-gather, 2(p-1)/p · n."""
-    if world_size <= 1:
-        return 0
-    return int(math.ceil(2 * (world_size - 1) * nbytes / world_size))
+# The byte counts are the runtime layer's (every Comm counts with them); priced here.
+from ..collectives import allgather_bytes as allgather_bytes
+from ..collectives import ring_allreduce_bytes as ring_allreduce_bytes
 
 
 class CostModelError(ValueError):
@@ -139,11 +136,6 @@ def allgather_time(
         return 0.0
     steps = p - 1 if algorithm == "ring" else math.ceil(math.log2(p))
     return steps * net.latency_s + (p - 1) * nbytes / net.bandwidth_Bps
-
-
-def allgather_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in an allgather of ``nbytes`` each: its piece to p − 1 workers."""
-    return max(0, world_size - 1) * nbytes
 
 
 @dataclass(frozen=True)
