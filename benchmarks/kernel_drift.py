@@ -51,7 +51,8 @@ def cases() -> dict[str, list]:
     pair = nb03.replace(workers=8, epochs=1, train_subset=8192, val_size=0, test_subset=1000)
     nb04 = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=16, dataset="fashion-mnist", model="mlp",
-        optimizer="adam", lr=1e-3, momentum=0.0, batch_size=32, epochs=4, val_size=500,
+        optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=32, epochs=4,
+        val_size=500,
         train_subset=4096, test_subset=500,
     )  # fmt: skip
     loose = nb04.replace(workers=8, epochs=2)

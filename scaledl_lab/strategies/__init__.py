@@ -11,9 +11,15 @@ there before a config is validated.
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
   travel in each family, its study and report.
 
-The last two register no strategy of their own: they change how the others train.
+The last two register no strategy of their own: they change how the others train. The checks
+of the config fields no family owns (the cost model's, faults, checkpoints) register when
+their modules are imported, which this package does.
 """
 
+# Imported for their config checks, which register with the records.
+from ..runtime.sim import cost_checks as cost_checks
+from ..training import checkpoint as checkpoint
+from ..training import faults as faults
 from . import (
     compression,
     data_parallel,

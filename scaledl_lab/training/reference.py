@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import families
 from ..config import ExperimentConfig
 from ..data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
 from ..models import build_model
@@ -64,10 +65,8 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
 
     With ``accumulate`` K each worker's part of a batch is its K micro-batches at once; a batch
     schedule grows it as the workers' does; every step runs at the workers' scheduled rate."""
-    from ..strategies.large_batch.recipe import prepare_model  # the family sits above the loop
-
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    model = prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
+    model = families.prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
     optimizer = make_optimizer(cfg, model.parameters())
     plan = _plan(cfg, data)
     batches = [idx for epoch in range(cfg.epochs) for idx in combined_batches(cfg, data, epoch)]
