@@ -132,7 +132,7 @@ class ExperimentConfig:
         options, lookup = [], {}
         for family in families.with_options():
             changes = {n: values.pop(n) for n in family.option_names() if n in values}
-            base = held.get(family.options) or family.options()
+            base = held[family.options] if family.options in held else family.options()
             opts = dataclasses.replace(base, **changes) if changes else base
             options.append(opts)
             lookup.update(dict.fromkeys(family.option_names(), opts))

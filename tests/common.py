@@ -23,10 +23,8 @@ SMALL = dict(
     batch_size=32,
     epochs=1,
     max_steps=20,
-    optimizer="sgd",  # given, so that every family trains with the same optimiser here
     lr=0.05,
     momentum=0.9,
-    weight_decay=0.0,
 )
 
 

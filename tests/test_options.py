@@ -139,6 +139,61 @@ def test_a_family_declares_frozen_options_that_no_other_declares():
     assert families.FAMILIES == before  # nothing registered
 
 
+def _with_family(monkeypatch, options: type) -> None:
+    """A family declaring ``options``, registered for one test (the registry is restored)."""
+    family = Family(name="zz_test", summary="a test family", strategies={}, options=options)
+    monkeypatch.setitem(families.FAMILIES, family.name, family)
+
+
+def test_an_option_named_like_a_shared_field_is_refused(monkeypatch):
+    @dataclasses.dataclass(frozen=True)
+    class Clash:
+        lr: float = 0.1
+
+    _with_family(monkeypatch, Clash)
+    with pytest.raises(
+        ConfigError, match=r"family 'zz_test' declares fields of the config: \{'lr'\}"
+    ):
+        field_names()
+
+
+def test_a_new_family_option_gets_its_flag_and_its_field(monkeypatch):
+    @dataclasses.dataclass(frozen=True)
+    class Extra:
+        push_jitter: float = dataclasses.field(
+            default=0.0, metadata=families.option("seconds of jitter per push")
+        )
+        fast: bool = dataclasses.field(default=False, metadata=families.option("go fast"))
+
+    _with_family(monkeypatch, Extra)
+    args = _parser().parse_args(["run", "--push-jitter", "0.5", "--fast"])
+    cfg = _config_from_args(args)
+    assert (cfg.push_jitter, cfg.fast) == (0.5, True)
+    assert cfg == ExperimentConfig(push_jitter=0.5, fast=True)
+    assert cfg.to_dict()["push_jitter"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "field,message",
+    [
+        (
+            dataclasses.field(default=1),
+            "config field 'bare' has no option(...) metadata: no flag for it",
+        ),
+        (
+            dataclasses.field(default=1, metadata=families.option("either")),
+            "config field 'bare': give option(parse=...) to read int | str from text",
+        ),
+    ],
+)
+def test_a_field_the_cli_cannot_read_says_what_it_lacks(monkeypatch, field, message):
+    Bare = dataclasses.make_dataclass("Bare", [("bare", "int | str", field)], frozen=True)
+    _with_family(monkeypatch, Bare)
+    with pytest.raises(TypeError) as err:
+        _parser()
+    assert str(err.value) == message
+
+
 def test_the_records_hand_the_loop_their_optimiser_changes():
     plain = families.optimiser_changes(ExperimentConfig(runtime="sim", model="mlp"))
     assert plain == families.OptimiserChanges(no_bias_decay=False, trust_coefficient=1.0)

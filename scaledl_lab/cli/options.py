@@ -24,11 +24,12 @@ def flag_of(f: dataclasses.Field[Any]) -> str:
 
 def _parser_of(hint: Any, name: str) -> Any:
     """The text parser of a field typed ``hint`` (int, float, str, or one of them or None)."""
+    kind = hint
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         kinds = [a for a in typing.get_args(hint) if a is not type(None)]
-        hint = kinds[0] if len(kinds) == 1 else None
-    if hint in (int, float, str):
-        return hint
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind in (int, float, str):
+        return kind
     raise TypeError(f"config field {name!r}: give option(parse=...) to read {hint!r} from text")
 
 
@@ -36,6 +37,13 @@ def _default_text(value: Any) -> str:
     if value is None or isinstance(value, bool):
         return ""
     return f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
+
+
+def _metavar(f: dataclasses.Field[Any], parse: Any) -> str | None:
+    """The flag's placeholder: the field's own, its choices, N for counts, X for numbers."""
+    choices = f.metadata.get("choices")
+    shown = "|".join(choices) if choices else {int: "N", float: "X"}.get(parse)
+    return f.metadata.get("metavar") or shown
 
 
 def _is_switch(f: dataclasses.Field[Any], hint: Any) -> bool:
@@ -53,20 +61,18 @@ def _add(group: Any, f: dataclasses.Field[Any], hint: Any) -> None:
             group.add_argument(flag, action="store_const", const=True, help=help_text, **common)
             off = meta.get("off_flag") or "--no-" + flag.removeprefix("--")
             group.add_argument(
-                off, action="store_const", const=False, help="the opposite", **common
+                off, action="store_const", const=False, help=f"the opposite of {flag}", **common
             )
         else:
             group.add_argument(
                 flag, action="store_const", const=not f.default, help=help_text, **common
             )
         return
-    choices = meta.get("choices")
-    metavar = meta.get("metavar") or ("|".join(choices) if choices else None)
     parse = meta.get("parse") or _parser_of(hint, f.name)
     group.add_argument(
         flag,
         type=parse,
-        metavar=metavar,
+        metavar=_metavar(f, parse),
         help=help_text + _default_text(f.default),
         **common,
     )
@@ -108,8 +114,7 @@ def describe_options(cls: type) -> list[str]:
         if _is_switch(f, hints[f.name]) and f.default is None:
             flag += " | " + (f.metadata.get("off_flag") or "--no-" + flag.removeprefix("--"))
         elif not _is_switch(f, hints[f.name]):
-            choices = f.metadata.get("choices")
-            shown = "|".join(choices) if choices else f.name.upper()
-            flag += " " + (f.metadata.get("metavar") or shown)
+            parse = f.metadata.get("parse") or _parser_of(hints[f.name], f.name)
+            flag += " " + (_metavar(f, parse) or f.name.upper())
         lines.append(f"{flag:28s} {f.metadata['help']}{_default_text(f.default)}")
     return lines

@@ -49,8 +49,8 @@ class LargeBatchOptions:
     no_bias_decay: bool | None = field(
         default=None,
         metadata=option(
-            "no weight decay or trust ratio on biases/BN (default: in the recipe); "
-            "--bias-decay: decay them like the weights",
+            "no weight decay or trust ratio on biases/BN, or decay them like the weights "
+            "(default: in the recipe)",
             off_flag="--bias-decay",
         ),
     )
