@@ -129,13 +129,14 @@ class ExperimentConfig:
         given = {f.name: values.pop(f.name) for f in CORE_FIELDS if f.name in values}
         values.pop("resolved", None)  # dataclasses.replace passes it: resolved again below
         held = {type(o): o for o in values.pop("options", ())}
-        options, lookup = [], {}
+        options = []
         for family in families.with_options():
             changes = {n: values.pop(n) for n in family.option_names() if n in values}
             base = held[family.options] if family.options in held else family.options()
             opts = dataclasses.replace(base, **changes) if changes else base
             options.append(opts)
-            lookup.update(dict.fromkeys(family.option_names(), opts))
+            for name in family.option_names():  # read like a field: cfg.servers
+                object.__setattr__(self, name, getattr(opts, name))
         if values:
             raise ConfigError(
                 f"unknown config field(s) {sorted(values)}; allowed: {sorted(field_names())}"
@@ -143,7 +144,6 @@ class ExperimentConfig:
         for f in CORE_FIELDS:
             object.__setattr__(self, f.name, given.get(f.name, f.default))
         object.__setattr__(self, "options", tuple(options))
-        object.__setattr__(self, "_lookup", lookup)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -160,17 +160,9 @@ class ExperimentConfig:
             # The per-worker batch follows from the global one; keep both fields consistent.
             object.__setattr__(self, "batch_size", self.global_batch_size // self.replicas)
 
-    def __repr__(self) -> str:
-        """Flat, as :meth:`to_dict`: the shared fields, then the families' options."""
+    def __repr__(self) -> str:  # flat, as to_dict: the shared fields, then the families' options
         fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
         return f"{type(self).__name__}({fields})"
-
-    def __getattr__(self, name: str) -> Any:
-        """A family's option, read like a field (``cfg.servers``)."""
-        lookup = self.__dict__.get("_lookup")
-        if lookup is None or name not in lookup:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(lookup[name], name)
 
     @property
     def model_parallel_size(self) -> int:

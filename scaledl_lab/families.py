@@ -1,7 +1,10 @@
 """The technique families' records: each family (a folder of :mod:`scaledl_lab.strategies`)
 registers one :class:`Family` saying which strategies it holds, what they can do, the
-optimiser they train best with and how its options are checked. Code outside a family asks
-these records ("which strategies take a topology?") instead of naming strategies.
+optimiser they train best with, its options (a frozen dataclass whose fields carry their CLI
+spelling, :func:`option`) and how they are checked, and what it changes in every worker's
+model and optimiser. Code outside a family asks these records ("which strategies take a
+topology?") instead of naming strategies; the checks of config fields no family owns (the cost
+model's, faults, checkpoints) register here too (:func:`register_check`).
 
 Imports only the contract's names and the errors, so that the config (which validates by
 asking the records) and every layer above it may read them. The records are filled when
@@ -144,6 +147,8 @@ class Family:
                 raise ValueError(f"family {self.name!r}: optimiser defaults of other strategies")
         ordered = {n: self.strategies[n] for n in _contract_order(names)}
         object.__setattr__(self, "strategies", MappingProxyType(ordered))
+        options = dataclasses.fields(self.options) if self.options else ()
+        object.__setattr__(self, "_option_names", tuple(f.name for f in options))
         object.__setattr__(self, "capabilities", MappingProxyType(caps))
 
     def has(self, strategy: str, capability: str) -> bool:
@@ -151,12 +156,13 @@ class Family:
 
     def option_names(self) -> tuple[str, ...]:
         """The config fields this family's options add."""
-        return tuple(f.name for f in dataclasses.fields(self.options)) if self.options else ()
+        return self.__dict__["_option_names"]
 
 
 FAMILIES: dict[str, Family] = {}
 _OF: dict[str, Family] = {}  # strategy name → its family
 _CHECKS: list[Callable[[Any], None]] = []  # the checks of fields no family owns (faults, ...)
+_ORDERED: dict[tuple[int, ...], tuple[Family, ...]] = {}  # families(), for the records now held
 
 
 def register_family(family: Family) -> Family:
@@ -183,7 +189,16 @@ def _contract_order(names: Any) -> tuple[str, ...]:
 
 def families() -> tuple[Family, ...]:
     """Every record: the families with strategies in the contract's order, then those that
-    register none (options on the others' strategies) by name."""
+    register none (options on the others' strategies) by name. (Ordered once per set of
+    records: every config asks.)"""
+    key = tuple(map(id, FAMILIES.values()))
+    if _ORDERED.get(key) is None:
+        _ORDERED.clear()
+        _ORDERED[key] = _ordered()
+    return _ORDERED[key]
+
+
+def _ordered() -> tuple[Family, ...]:
     own = [f for f in FAMILIES.values() if f.strategies]
     first = {f.name: _contract_order(f.strategies)[0] for f in own}
     own.sort(key=lambda f: CONTRACT_STRATEGIES.index(first[f.name]))

@@ -34,6 +34,7 @@ def test_a_family_option_is_a_keyword_and_an_attribute():
     assert held[CompressionOptions] == CompressionOptions(compress="qsgd:4")
     assert cfg.replace(servers=3).servers == 3 and cfg.replace(servers=3).compress == "qsgd:4"
     assert dataclasses.replace(cfg, servers=4).servers == 4  # the dataclass function too
+    assert {"servers", "compress", "lr"} <= set(dir(cfg))  # they tab-complete
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.servers = 5
     with pytest.raises(
