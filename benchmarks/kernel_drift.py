@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -252,7 +251,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     finals.to_csv(out / "runs.csv", index=False)
     curves.to_csv(out / "curves.csv", index=False)
-    configs = {c: [asdict(x) for x in cfgs] for c, cfgs in cases().items() if c in set(finals.case)}
+    ran = set(finals.case)
+    configs = {c: [x.to_dict() for x in cfgs] for c, cfgs in cases().items() if c in ran}
     (out / "config.json").write_text(
         json.dumps(
             {
