@@ -39,7 +39,8 @@ def measure(name: str, extra: dict, args: argparse.Namespace, out: Path) -> dict
     options = {"workers": 3, **extra}
     cfg = ExperimentConfig(
         strategy=name, model="mlp", dataset="fashion-mnist", train_subset=args.train_subset,
-        test_subset=1000, val_size=1000, batch_size=32, epochs=1, lr=0.05, timeout_s=30,
+        test_subset=1000, val_size=1000, batch_size=32, epochs=1, optimizer="sgd", lr=0.05,
+        momentum=0.9, weight_decay=0.0, timeout_s=30,
         oversubscribe=True, faults=f"kill:1:{args.step}", **options,
     )  # fmt: skip
     killed_at: list[float] = []

@@ -24,7 +24,8 @@ from scaledl_lab.contract import CONTRACT_STRATEGIES
 
 SMALL = dict(
     runtime="sim", dataset="fashion-mnist", model="mlp", batch_size=16, train_subset=512,
-    val_size=64, test_subset=128, epochs=2, seed=3, lr=0.01, momentum=0.0,
+    val_size=64, test_subset=128, epochs=2, seed=3, optimizer="sgd", lr=0.01, momentum=0.0,
+    weight_decay=0.0,
 )  # fmt: skip
 
 PER_STRATEGY = {

@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -51,7 +50,8 @@ def cases() -> dict[str, list]:
     pair = nb03.replace(workers=8, epochs=1, train_subset=8192, val_size=0, test_subset=1000)
     nb04 = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=16, dataset="fashion-mnist", model="mlp",
-        optimizer="adam", lr=1e-3, momentum=0.0, batch_size=32, epochs=4, val_size=500,
+        optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=32, epochs=4,
+        val_size=500,
         train_subset=4096, test_subset=500,
     )  # fmt: skip
     loose = nb04.replace(workers=8, epochs=2)
@@ -251,7 +251,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     finals.to_csv(out / "runs.csv", index=False)
     curves.to_csv(out / "curves.csv", index=False)
-    configs = {c: [asdict(x) for x in cfgs] for c, cfgs in cases().items() if c in set(finals.case)}
+    ran = set(finals.case)
+    configs = {c: [x.to_dict() for x in cfgs] for c, cfgs in cases().items() if c in ran}
     (out / "config.json").write_text(
         json.dumps(
             {

@@ -27,7 +27,7 @@ from scaledl_lab.runtime.dask.cluster import connect
 KINDS = {
     "allreduce": dict(strategy="allreduce"),
     "nnt unbounded": dict(strategy="nnt", topology="ring", optimizer="adagrad", lr=0.01,
-                          momentum=0.0),
+                          momentum=0.0, weight_decay=0.0),
     "ps-async": dict(strategy="ps-async", lr=0.01, momentum=0.0),
 }  # fmt: skip
 

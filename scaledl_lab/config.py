@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,26 +23,22 @@ from .contract import (
     SHARDINGS,
 )
 from .errors import ConfigError, choices
-from .models import MODELS
+from .families import OPTIMISER_FIELDS, option
+from .models import MODEL_DATASETS, MODELS
 
 __all__ = [
     "CONTRACT_STRATEGIES",
     "DATASETS",
     "ConfigError",
     "ExperimentConfig",
+    "DEFAULT_OPTIMISER",
     "check_resources",
+    "CORE_FIELDS",
+    "field_names",
     "is_quick",
     "quick",
     "validate",
 ]
-
-# Which models accept which datasets' sample shapes (images vs 1-D signals).
-_MODEL_DATASETS: dict[str, tuple[str, ...]] = {
-    "mlp": DATASETS,
-    "cnn": ("fashion-mnist", "cifar10"),
-    "cnn1d": ("mnist1d",),
-    "resnet18": ("fashion-mnist", "cifar10"),
-}
 
 
 def is_quick() -> bool:
@@ -50,91 +46,124 @@ def is_quick() -> bool:
     return os.environ.get("SCALEDL_QUICK", "").strip().lower() not in ("", "0", "false", "no")
 
 
-@dataclass(frozen=True)
-class ExperimentConfig:
-    """One training run. ``batch_size`` is per worker, as in the paper (effective: × workers)."""
+def _steps_or_text(text: str) -> int | str:
+    """``--checkpoint-every``: N (steps) or ``Nepochs``."""
+    return int(text) if text.strip().lstrip("-").isdigit() else text
 
-    strategy: str = "allreduce"
-    runtime: str = "dask"
-    workers: int = 2
-    dataset: str = "fashion-mnist"
-    model: str = "cnn"
-    epochs: int = 1
-    batch_size: int = 64
-    global_batch_size: int | None = None
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    optimizer: str = "sgd"
-    clip_gradient: float | None = None  # each gradient element into [-c, c] before a step (MXNet)
-    seed: int = 0
-    topology: str | None = None
-    sharding: str = "iid"
-    val_size: int = 5000
-    train_subset: int | None = None
-    test_subset: int | None = None
-    max_steps: int | None = None
-    bucket_mb: float = 4.0
-    device: str = "auto"
-    precision: str = "float32"
-    data_dir: str | None = None
-    timeout_s: float = 60.0
-    oversubscribe: bool = False
-    name: str | None = None
+
+def _o(default: Any, help: str, **cli: Any) -> Any:
+    """A core field: its default and how it reads on the command line."""
+    return field(default=default, metadata=option(help, **cli))
+
+
+# What trains when neither the run nor its strategy's family says otherwise.
+DEFAULT_OPTIMISER: dict[str, Any] = dict(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0)
+
+
+@dataclass(frozen=True, init=False)
+class ExperimentConfig:
+    """One training run. ``batch_size`` is per worker, as in the paper (effective: × workers).
+
+    The fields below are the ones every strategy shares. Each technique family adds its
+    options (:attr:`scaledl_lab.families.Family.options`): they are keyword arguments and
+    attributes like these (``ExperimentConfig(strategy="ps-async", servers=2).servers``), held
+    in :attr:`options`, one frozen dataclass per family. The optimiser fields left out take
+    the strategy family's setting (:func:`scaledl_lab.families.optimiser_default`), else
+    :data:`DEFAULT_OPTIMISER`: one behaviour from Python and from ``scaledl-lab run``.
+    """
+
+    strategy: str = _o("allreduce", "a strategy of `scaledl-lab list`")
+    runtime: str = _o("dask", "real processes or the simulator", choices=RUNTIMES)
+    workers: int = _o(2, "workers (one process or simulated rank each)")
+    dataset: str = _o("fashion-mnist", "the data", choices=DATASETS)
+    model: str = _o("cnn", "the network", choices=tuple(MODELS))
+    epochs: int = _o(1, "passes over the training set")
+    batch_size: int = _o(64, "per worker (effective batch = workers x batch-size)")
+    global_batch_size: int | None = _o(None, "effective batch; must be divisible by --workers")
+    lr: float = _o(None, "learning rate (default: the strategy family's, else 0.05)")
+    momentum: float = _o(None, "SGD momentum (default: the strategy family's, else 0.9)")
+    weight_decay: float = _o(None, "L2 penalty (default: the strategy family's, else 0)")
+    optimizer: str = _o(None, "default: the strategy family's, else sgd", choices=OPTIMIZERS)
+    clip_gradient: float | None = _o(  # each gradient element into [-c, c] (MXNet)
+        None, "clip every gradient element into [-C, C] before each step (MXNet's)", metavar="C"
+    )
+    seed: int = _o(0, "seeds the data order and the initial weights")
+    topology: str | None = _o(None, "ring | torus:HxW | complete (decentralised only)")
+    sharding: str = _o("iid", "how the training set is split over workers", choices=SHARDINGS)
+    val_size: int = _o(5000, "training samples held out for validation")
+    train_subset: int | None = _o(None, "train on this many samples")
+    test_subset: int | None = _o(None, "test on this many samples")
+    max_steps: int | None = _o(None, "stop every worker after this many steps")
+    bucket_mb: float = _o(4.0, "allreduce: gradient bucket size in MiB")
+    device: str = _o("auto", "dask: auto uses GPUs if every worker has one", choices=DEVICES)
+    precision: str = _o("float32", "the dtype of weights and data", choices=PRECISIONS)
+    data_dir: str | None = _o(None, "where the datasets are (default: the usual places)")
+    timeout_s: float = _o(60.0, "dask: seconds a collective or server call may wait")
+    oversubscribe: bool = _o(False, "allow more real workers than CPU cores")
+    name: str | None = _o(None, "the run's label (default STRATEGY-RUNTIME-Nw)")
+    server_transport: str = _o(  # Dask runtime, hosted servers' calls (runtime/dask/p2p)
+        "auto",
+        "PS and EASGD servers on real workers: auto (= p2p: torch.distributed "
+        "point-to-point messages) | p2p | actor (Dask actor calls)",
+    )
     # Simulated runtime only: the cost model (see scaledl_lab.runtime.sim.cost).
-    compute_profile: str = "cpu-core"
-    network: str = "loopback"
-    allreduce_algorithm: str = "ring"
-    stragglers: str | None = None
-    # Strategy options (each is used only by the strategies named in its comment).
-    servers: int = 1  # parameter-server shards (ps-*, downpour, staleness-aware, dc-asgd, backup)
-    server_transport: str = "auto"  # Dask runtime, servers' calls: auto | p2p | actor (dask.p2p)
-    backup_workers: int = 1  # backup-workers: the step uses the first workers - b gradients
-    n_fetch: int = 1  # downpour: pull the parameters every n_fetch steps
-    n_push: int = 1  # downpour: push the accumulated gradient every n_push steps
-    dc_lambda: float = 0.04  # dc-asgd: weight of the delay-compensation term (λ0 if adaptive)
-    dc_adaptive: bool = False  # dc-asgd: λ0 / sqrt(moving mean of g⊙g), DC-ASGD-a
-    sync_period: int = 4  # local-sgd and easgd: local steps between two averagings
-    elastic_alpha: float | None = None  # easgd: moving rate (default 0.9 / workers)
-    elastic_async: bool = False  # easgd: centre on a hosted server, updated asynchronously
-    stage_epochs: int = 1  # nnt-staged: restart everyone from the best worker every k epochs
-    nnt_max_lead: int | None = None  # nnt, nnt-staged: steps ahead of a neighbour's news (None:
-    # unbounded, as FAST: a worker never waits for a neighbour)
-    stages: int | None = None  # pipelines: stages per replica (default: every worker, one replica)
-    micro_batches: int = 1  # gpipe, 1f1b: micro-batches per mini-batch
-    balance: str = "params"  # pipelines: "params", "time" or layers per stage "2,3,1"
-    recompute: bool = False  # gpipe, 1f1b: keep stage inputs only, recompute during backward
-    # Large batches (training/schedule.py, the recipe's details strategies/large_batch/recipe.py);
-    # None: on in the recipe (scaling, warmup, LARS/LAMB).
-    lr_scaling: str = "none"  # "linear" | "sqrt": lr × (effective / reference batch) or its root
-    reference_batch_size: int = 256  # the effective batch at which ``lr`` is the rate
-    warmup_epochs: float = 0.0  # gradual warmup (Goyal et al. 2017); fractional allowed
-    lr_schedule: str = "constant"  # "step:E1,E2[:GAMMA]" | "cosine"
-    batch_schedule: str | None = None  # "E1,E2[:FACTOR]": batch × FACTOR at each (allreduce)
-    accumulate: int = 1  # micro-batches per update (allreduce, allreduce-naive)
-    trust_coefficient: float | None = None  # lars (default 0.001), lamb (default 1)
-    zero_init_residual: bool | None = None  # resnet18: γ = 0 closing every residual branch
-    no_bias_decay: bool | None = None  # no weight decay (nor trust ratio) on biases and BN
-    compress: str = "none"  # gradient messages: onebit, qsgd:L, topk:R, dgc:R, powersgd:RANK
-    error_feedback: bool = True  # compressed messages: carry what was not sent to the next step
+    compute_profile: str = _o("cpu-core", "sim: cpu-core, v100, a100, h100 or a calibration .json")
+    network: str = _o(
+        "loopback", "sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW, .json"
+    )
+    allreduce_algorithm: str = _o("ring", "sim: ring | recursive-doubling")
+    stragglers: str | None = _o(None, "sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:S (commas)")
     # Faults and checkpoints (scaledl_lab.training.faults, scaledl_lab.training.checkpoint).
-    faults: str | None = None  # "kill:RANK:STEP,...": worker RANK dies after its step STEP
-    checkpoint_every: int | str | None = None  # N steps, or "Nepochs"; beside the metrics
-    # low communication (scaledl_lab.strategies.low_communication): diloco, streaming-diloco;
-    # sync_period above is DiLoCo's H (inner steps per outer step).
-    outer_optimizer: str = "nesterov"  # sgd | nesterov: applied to the averaged outer gradient
-    outer_lr: float = 0.7  # DiLoCo's outer learning rate
-    outer_momentum: float = 0.9  # DiLoCo's outer momentum (0 with sgd: plain averaging steps)
-    fragments: int = 1  # streaming-diloco: contiguous groups of layers, synchronised in turn
-    overlap_steps: int = 0  # streaming-diloco: τ, inner steps a fragment's all-reduce overlaps
-    mixing_alpha: float | None = None  # streaming-diloco: α, local share when merging (None:
-    # 0.5 with overlap, the Streaming DiLoCo paper's choice; 0 without, i.e. DiLoCo's replace)
+    faults: str | None = _o(None, "kill:RANK:STEP (commas): worker RANK dies after STEP")
+    checkpoint_every: int | str | None = _o(
+        None,
+        "N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
+        metavar="N|Nepochs",
+        parse=_steps_or_text,
+    )
+    # The families' options, one frozen dataclass per family that declares some.
+    options: tuple[Any, ...] = field(default=())
+    # The optimiser fields filled from the strategy's family (a new strategy refills them).
+    resolved: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+
+    def __init__(self, **values: Any) -> None:
+        given = {f.name: values.pop(f.name) for f in CORE_FIELDS if f.name in values}
+        values.pop("resolved", None)  # dataclasses.replace passes it: resolved again below
+        held = {type(o): o for o in values.pop("options", ())}
+        options = []
+        for family in families.with_options():
+            changes = {n: values.pop(n) for n in family.option_names() if n in values}
+            base = held[family.options] if family.options in held else family.options()
+            opts = dataclasses.replace(base, **changes) if changes else base
+            options.append(opts)
+            for name in family.option_names():  # read like a field: cfg.servers
+                object.__setattr__(self, name, getattr(opts, name))
+        if values:
+            raise ConfigError(
+                f"unknown config field(s) {sorted(values)}; allowed: {sorted(field_names())}"
+            )
+        for f in CORE_FIELDS:
+            object.__setattr__(self, f.name, given.get(f.name, f.default))
+        object.__setattr__(self, "options", tuple(options))
+        self.__post_init__()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.strategy, str) or self.strategy not in CONTRACT_STRATEGIES:
+            validate(self)  # the unknown strategy's message, before its family is asked
+        setting = families.optimiser_default(self.strategy)
+        defaults = setting.settings if setting is not None else DEFAULT_OPTIMISER
+        resolved = frozenset(n for n in OPTIMISER_FIELDS if getattr(self, n) is None)
+        for name in resolved:
+            object.__setattr__(self, name, defaults[name])
+        object.__setattr__(self, "resolved", resolved)
         validate(self)
         if self.global_batch_size is not None:
             # The per-worker batch follows from the global one; keep both fields consistent.
             object.__setattr__(self, "batch_size", self.global_batch_size // self.replicas)
+
+    def __repr__(self) -> str:  # flat, as to_dict: the shared fields, then the families' options
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"{type(self).__name__}({fields})"
 
     @property
     def model_parallel_size(self) -> int:
@@ -168,23 +197,64 @@ class ExperimentConfig:
         return self.name or f"{self.strategy}-{self.runtime}-{self.workers}w"
 
     def replace(self, **changes: Any) -> ExperimentConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). A new strategy takes its family's
+        optimiser setting for the optimiser fields neither this config nor ``changes`` gave."""
         if "batch_size" in changes and "global_batch_size" not in changes:
             changes["global_batch_size"] = None
-        return dataclasses.replace(self, **changes)
+        values = {**self.to_dict(), **changes}
+        if values["strategy"] != self.strategy:
+            values.update({n: None for n in self.resolved if n not in changes})
+        return type(self)(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field by name, the families' options among them (flat: ``config.json``)."""
+        out = {f.name: getattr(self, f.name) for f in CORE_FIELDS}
+        for opts in self.options:
+            out.update(dataclasses.asdict(opts))
+        return out
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ExperimentConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
         if values.get("extra") == {}:  # results saved before options were typed fields
             values = {k: v for k, v in values.items() if k != "extra"}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}; allowed: {sorted(known)}")
         return cls(**values)
+
+
+def field_names() -> tuple[str, ...]:
+    """Every config field: the shared ones, then each family's options."""
+    names = tuple(f.name for f in CORE_FIELDS)
+    for family in families.with_options():
+        clash = set(family.option_names()) & set(names)
+        if clash:
+            raise ConfigError(f"family {family.name!r} declares fields of the config: {clash}")
+        names += family.option_names()
+    return names
+
+
+# The fields every strategy shares (the families' options are not among them).
+CORE_FIELDS = tuple(
+    f for f in dataclasses.fields(ExperimentConfig) if f.name not in ("options", "resolved")
+)
+
+
+_NUMBERS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
+    (("workers", "epochs", "batch_size"), "a positive integer",
+     lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
+    (("global_batch_size", "train_subset", "test_subset", "max_steps"),
+     "a positive integer or None", lambda v: v is None or (isinstance(v, int) and v > 0)),
+    (("val_size",), "a non-negative integer", lambda v: isinstance(v, int) and not v < 0),
+    (("lr", "bucket_mb", "timeout_s"), "a positive number",
+     lambda v: isinstance(v, (int, float)) and v > 0),
+    (("momentum", "weight_decay"), "a non-negative number",
+     lambda v: isinstance(v, (int, float)) and not v < 0),
+)  # fmt: skip
+
+
+def _one_of(cfg: ExperimentConfig, **allowed: tuple[str, ...]) -> None:
+    for name, values in allowed.items():
+        value = getattr(cfg, name)
+        if value not in values:
+            raise ConfigError(f"{name}={value!r} is unknown; allowed: {choices(values)}")
 
 
 def validate(cfg: ExperimentConfig) -> None:
@@ -194,56 +264,33 @@ def validate(cfg: ExperimentConfig) -> None:
             f"strategy={cfg.strategy!r} is unknown; allowed: {choices(CONTRACT_STRATEGIES)}"
         )
     families.family_of(cfg.strategy)  # the records are filled (scaledl_lab.strategies)
-    if cfg.runtime not in RUNTIMES:
-        raise ConfigError(f"runtime={cfg.runtime!r} is unknown; allowed: {choices(RUNTIMES)}")
+    _one_of(cfg, runtime=RUNTIMES)
     if cfg.runtime not in IMPLEMENTED_RUNTIMES:
         raise ConfigError(
             f"runtime={cfg.runtime!r} is not implemented yet; available: "
             f"{choices(IMPLEMENTED_RUNTIMES)}"
         )
-    if cfg.dataset not in DATASETS:
-        raise ConfigError(f"dataset={cfg.dataset!r} is unknown; allowed: {choices(DATASETS)}")
-    if cfg.model not in MODELS:
-        raise ConfigError(f"model={cfg.model!r} is unknown; allowed: {choices(MODELS)}")
-    if cfg.dataset not in _MODEL_DATASETS[cfg.model]:
+    _one_of(cfg, dataset=DATASETS, model=tuple(MODELS))
+    if cfg.dataset not in MODEL_DATASETS[cfg.model]:
         raise ConfigError(
             f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}; "
-            f"it takes: {choices(_MODEL_DATASETS[cfg.model])}"
+            f"it takes: {choices(MODEL_DATASETS[cfg.model])}"
         )
-    if cfg.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer={cfg.optimizer!r} is unknown; allowed: {choices(OPTIMIZERS)}")
-    if cfg.sharding not in SHARDINGS:
-        raise ConfigError(f"sharding={cfg.sharding!r} is unknown; allowed: {choices(SHARDINGS)}")
-    if cfg.device not in DEVICES:
-        raise ConfigError(f"device={cfg.device!r} is unknown; allowed: {choices(DEVICES)}")
-    if cfg.precision not in PRECISIONS:
-        raise ConfigError(f"precision={cfg.precision!r} is unknown; allowed: {choices(PRECISIONS)}")
     if cfg.server_transport in REMOVED_SERVER_TRANSPORTS:
         removed = REMOVED_SERVER_TRANSPORTS[cfg.server_transport]
         raise ConfigError(f"server_transport={cfg.server_transport!r} {removed}")
-    if cfg.server_transport not in SERVER_TRANSPORTS:
-        raise ConfigError(
-            f"server_transport={cfg.server_transport!r} is unknown; "
-            f"allowed: {choices(SERVER_TRANSPORTS)}"
-        )
-    for name in ("workers", "epochs", "batch_size"):
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{name}={value!r} must be a positive integer")
-    for name in ("global_batch_size", "train_subset", "test_subset", "max_steps"):
-        value = getattr(cfg, name)
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{name}={value!r} must be a positive integer or None")
-    if not isinstance(cfg.val_size, int) or cfg.val_size < 0:
-        raise ConfigError(f"val_size={cfg.val_size!r} must be a non-negative integer")
-    for name in ("lr", "bucket_mb", "timeout_s"):
-        value = getattr(cfg, name)
-        if not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(f"{name}={value!r} must be a positive number")
-    for name in ("momentum", "weight_decay"):
-        value = getattr(cfg, name)
-        if not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{name}={value!r} must be a non-negative number")
+    _one_of(
+        cfg,
+        optimizer=OPTIMIZERS,
+        sharding=SHARDINGS,
+        device=DEVICES,
+        precision=PRECISIONS,
+        server_transport=SERVER_TRANSPORTS,
+    )
+    for names, what, holds in _NUMBERS:
+        for name in names:
+            if not holds(value := getattr(cfg, name)):
+                raise ConfigError(f"{name}={value!r} must be {what}")
     if cfg.momentum >= 1:
         raise ConfigError(f"momentum={cfg.momentum!r} must be below 1")
     clip = cfg.clip_gradient
@@ -252,21 +299,15 @@ def validate(cfg: ExperimentConfig) -> None:
             f"clip_gradient={clip!r} must be a positive number (each gradient element is "
             "clipped into [-clip_gradient, clip_gradient]), or None for no clipping"
         )
-    from .runtime.sim.cost_checks import check_config
-
-    check_config(cfg)
-    families.check(cfg)  # each family checks its options and its strategies' constraints
+    # each family checks its options and its strategies' constraints; then the checks the
+    # lower layers registered (the cost model's fields, faults, checkpoints)
+    families.check(cfg)
     if cfg.global_batch_size is not None and cfg.global_batch_size % cfg.replicas:
         raise ConfigError(
             f"global_batch_size={cfg.global_batch_size} is not divisible by the "
             f"{cfg.replicas} replicas (workers={cfg.workers}); choose a multiple of "
             f"{cfg.replicas} or set batch_size (per replica) instead"
         )
-    from .training.checkpoint import check_config as check_checkpoints
-    from .training.faults import parse_faults
-
-    parse_faults(cfg.faults, cfg.workers)
-    check_checkpoints(cfg.strategy, cfg.compress, cfg.checkpoint_every)
 
 
 def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:

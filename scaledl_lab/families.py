@@ -1,7 +1,10 @@
 """The technique families' records: each family (a folder of :mod:`scaledl_lab.strategies`)
 registers one :class:`Family` saying which strategies it holds, what they can do, the
-optimiser they train best with and how its options are checked. Code outside a family asks
-these records ("which strategies take a topology?") instead of naming strategies.
+optimiser they train best with, its options (a frozen dataclass whose fields carry their CLI
+spelling, :func:`option`) and how they are checked, and what it changes in every worker's
+model and optimiser. Code outside a family asks these records ("which strategies take a
+topology?") instead of naming strategies; the checks of config fields no family owns (the cost
+model's, faults, checkpoints) register here too (:func:`register_check`).
 
 Imports only the contract's names and the errors, so that the config (which validates by
 asking the records) and every layer above it may read them. The records are filled when
@@ -10,6 +13,7 @@ asking the records) and every layer above it may read them. The records are fill
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -37,8 +41,51 @@ CAPABILITIES: dict[str, str] = {
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 
 
+def option(
+    help: str,
+    *,
+    flag: str | None = None,
+    off_flag: str | None = None,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """A config field's metadata: how it reads on the command line (``scaledl-lab run``).
+
+    ``flag`` is its spelling (default ``--`` and the field's name with dashes). A boolean field
+    is a switch: ``flag`` sets the opposite of its default (``--no-error-feedback``), and a
+    field that defaults to None (on in a recipe) takes ``flag`` for True and ``off_flag`` for
+    False. ``parse`` reads the text (default: the field's type, int or float or str);
+    ``choices`` are shown as the metavar (the config's check says what is wrong with a value).
+    """
+    return {
+        "help": help,
+        "flag": flag,
+        "off_flag": off_flag,
+        "metavar": metavar,
+        "choices": choices,
+        "parse": parse,
+    }
+
+
 def _no_check(cfg: Any) -> None:
     """A family without options of its own."""
+
+
+@dataclass(frozen=True)
+class OptimiserChanges:
+    """What a family changes in every worker's optimiser (None: no change): no weight decay
+    (nor trust ratio) on biases and BatchNorm, LARS/LAMB's trust coefficient, the momentum
+    SGD steps with (DGC's momentum correction takes it over)."""
+
+    no_bias_decay: bool | None = None
+    trust_coefficient: float | None = None
+    momentum: float | None = None
+
+    def then(self, other: OptimiserChanges) -> OptimiserChanges:
+        """These changes, with ``other``'s on top."""
+        given = {k: v for k, v in dataclasses.asdict(other).items() if v is not None}
+        return dataclasses.replace(self, **given)
 
 
 @dataclass(frozen=True)
@@ -59,11 +106,17 @@ class OptimiserDefault:
 @dataclass(frozen=True)
 class Family:
     """One technique family: its strategies (name → one-line description), its capabilities
-    (capability → which of its strategies have it), its optimiser defaults and ``check(cfg)``.
+    (capability → which of its strategies have it), its optimiser defaults, its options and
+    ``check(cfg)``, and what it changes in every worker's model and optimiser.
 
-    ``check`` runs on every config (a family checks its options wherever they are set, and
-    the constraints of its own strategies). A family with no strategies (large batches,
-    compression) changes how the others train: only its options and its check count.
+    ``options`` is a frozen dataclass in the family's folder, one field per option with its
+    default and its :func:`option` metadata: the config takes its fields as its own
+    (``ExperimentConfig(servers=2)``, ``cfg.servers``) and ``scaledl-lab run`` has a flag for
+    each. ``check`` runs on every config (a family checks its options wherever they are set,
+    and the constraints of its own strategies). ``prepare_model(cfg, model)`` and
+    ``optimiser_changes(cfg)`` are asked by the loop on every worker and in the sequential
+    twins. A family with no strategies (large batches, compression) changes how the others
+    train: only its options, its check and its changes count.
     """
 
     name: str  # its folder below scaledl_lab/strategies
@@ -72,8 +125,15 @@ class Family:
     capabilities: Mapping[str, tuple[str, ...] | bool] = field(default_factory=dict)
     optimisers: tuple[OptimiserDefault, ...] = ()
     check: Callable[[Any], None] = _no_check
+    options: type | None = None
+    prepare_model: Callable[[Any, Any], Any] | None = None
+    optimiser_changes: Callable[[Any], OptimiserChanges] | None = None
 
     def __post_init__(self) -> None:
+        if self.options is not None and not (
+            dataclasses.is_dataclass(self.options) and self.options.__dataclass_params__.frozen
+        ):
+            raise ValueError(f"family {self.name!r}: options must be a frozen dataclass")
         names = tuple(self.strategies)
         caps: dict[str, tuple[str, ...]] = {}
         for cap, which in self.capabilities.items():
@@ -88,14 +148,22 @@ class Family:
                 raise ValueError(f"family {self.name!r}: optimiser defaults of other strategies")
         ordered = {n: self.strategies[n] for n in _contract_order(names)}
         object.__setattr__(self, "strategies", MappingProxyType(ordered))
+        options = dataclasses.fields(self.options) if self.options else ()
+        object.__setattr__(self, "_option_names", tuple(f.name for f in options))
         object.__setattr__(self, "capabilities", MappingProxyType(caps))
 
     def has(self, strategy: str, capability: str) -> bool:
         return strategy in self.capabilities.get(capability, ())
 
+    def option_names(self) -> tuple[str, ...]:
+        """The config fields this family's options add."""
+        return self.__dict__["_option_names"]
+
 
 FAMILIES: dict[str, Family] = {}
 _OF: dict[str, Family] = {}  # strategy name → its family
+_CHECKS: list[Callable[[Any], None]] = []  # the checks of fields no family owns (faults, ...)
+_ORDERED: dict[tuple[int, ...], tuple[Family, ...]] = {}  # families(), for the records now held
 
 
 def register_family(family: Family) -> Family:
@@ -104,6 +172,12 @@ def register_family(family: Family) -> Family:
         owner = _OF.get(name)
         if owner is not None and owner.name != family.name:
             raise ValueError(f"strategy {name!r} is claimed by {owner.name!r} and {family.name!r}")
+    for other in FAMILIES.values():
+        shared = set(family.option_names()) & set(other.option_names())
+        if other.name != family.name and shared:
+            raise ValueError(
+                f"options {sorted(shared)} are declared by {other.name!r} and {family.name!r}"
+            )
     FAMILIES[family.name] = family
     _OF.update(dict.fromkeys(family.strategies, family))
     return family
@@ -116,7 +190,16 @@ def _contract_order(names: Any) -> tuple[str, ...]:
 
 def families() -> tuple[Family, ...]:
     """Every record: the families with strategies in the contract's order, then those that
-    register none (options on the others' strategies) by name."""
+    register none (options on the others' strategies) by name. (Ordered once per set of
+    records: every config asks.)"""
+    key = tuple(map(id, FAMILIES.values()))
+    if _ORDERED.get(key) is None:
+        _ORDERED.clear()
+        _ORDERED[key] = _ordered()
+    return _ORDERED[key]
+
+
+def _ordered() -> tuple[Family, ...]:
     own = [f for f in FAMILIES.values() if f.strategies]
     first = {f.name: _contract_order(f.strategies)[0] for f in own}
     own.sort(key=lambda f: CONTRACT_STRATEGIES.index(first[f.name]))
@@ -165,8 +248,41 @@ def optimiser_default(strategy: str) -> OptimiserDefault | None:
     return next((d for d in family.optimisers if strategy in d.strategies), None)
 
 
+def with_options() -> tuple[Family, ...]:
+    """The families that declare options, in the order of :func:`families`."""
+    return tuple(f for f in families() if f.options is not None)
+
+
+def register_check(check: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Add a config check of fields no family owns (the cost model's, faults, checkpoints):
+    the layer that knows them registers it when imported (once: again is a no-op)."""
+    if check not in _CHECKS:
+        _CHECKS.append(check)
+    return check
+
+
 def check(cfg: Any) -> None:
-    """Every family's check of ``cfg``, in the order of :func:`families`."""
+    """Every family's check of ``cfg``, in the order of :func:`families`, then the registered
+    checks of the fields no family owns, in the order they registered."""
     family_of(cfg.strategy)
     for family in families():
         family.check(cfg)
+    for extra in _CHECKS:
+        extra(cfg)
+
+
+def prepare_model(cfg: Any, model: Any) -> Any:
+    """``model`` as every family that changes a run's initial model has prepared it."""
+    for family in families():
+        if family.prepare_model is not None:
+            model = family.prepare_model(cfg, model)
+    return model
+
+
+def optimiser_changes(cfg: Any) -> OptimiserChanges:
+    """What the families change in a run's optimiser, one on top of the other."""
+    changes = OptimiserChanges()
+    for family in families():
+        if family.optimiser_changes is not None:
+            changes = changes.then(family.optimiser_changes(cfg))
+    return changes

@@ -12,7 +12,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .contract import DATASETS
+
 MODELS: tuple[str, ...] = ("mlp", "cnn", "cnn1d", "resnet18")
+# Which models accept which datasets' sample shapes (images vs 1-D signals).
+MODEL_DATASETS: dict[str, tuple[str, ...]] = {
+    "mlp": DATASETS,
+    "cnn": ("fashion-mnist", "cifar10"),
+    "cnn1d": ("mnist1d",),
+    "resnet18": ("fashion-mnist", "cifar10"),
+}
 
 # Smallest image side for the 2-D convolutional nets: keeps every stage of ResNet-18 (three
 # stride-2 stages) and the CNN's pooling at a spatial size of at least one pixel.

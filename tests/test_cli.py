@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 
 import pandas as pd
 import pytest
 
+from scaledl_lab import families
 from scaledl_lab.cli import _config_from_args, _parser, main
-from scaledl_lab.config import ExperimentConfig
+from scaledl_lab.cli.options import flag_of
+from scaledl_lab.config import ExperimentConfig, field_names
 from scaledl_lab.data import locate, write_cifar10_fixture
 from scaledl_lab.experiment import Results
 from scaledl_lab.metrics import METRIC_COLUMNS
@@ -29,11 +32,17 @@ def test_list_names_every_strategy_with_its_description(capsys):
     lines = capsys.readouterr().out.splitlines()
     start = lines.index("strategies (implemented), by family:")
     listed, family_lines = {}, []
+    flags: dict[str, list[str]] = {}
     for line in lines[start + 1 :]:
         if not line.startswith("  "):
             break
-        if not line.startswith("    "):  # a family, then its strategies
+        if not line.startswith("    "):  # a family, then its strategies, then its options
             family_lines.append(line.split(":", 1)[0].strip())
+            continue
+        if line.startswith("      "):  # one of the family's options
+            flags.setdefault(family_lines[-1], []).append(line.split()[0])
+            continue
+        if line == "    options:":
             continue
         name, description = line.split(maxsplit=1)
         assert name not in listed, f"{name} listed twice"
@@ -48,6 +57,15 @@ def test_list_names_every_strategy_with_its_description(capsys):
     ]  # fmt: skip
     assert "runtimes: dask, sim" in lines
     assert "datasets: fashion-mnist, mnist1d, cifar10" in lines
+    # each family's options, from its record, in its dataclass's order
+    for family in families.with_options():
+        fields = dataclasses.fields(family.options)
+        expected = [flag_of(f) for f in fields]
+        assert flags[family.name] == expected
+    assert flags["parameter_server"][:2] == ["--servers", "--backup-workers"]
+    assert "--nnt-max-lead" in flags["decentralised"]
+    assert "--no-error-feedback" in flags["compression"]
+    assert "data_parallel" not in flags  # no options of its own
     assert "models: mlp, cnn, cnn1d, resnet18" in lines
 
 
@@ -178,19 +196,52 @@ def test_run_passes_every_option_to_the_config(tmp_path, capsys):
     assert sorted(frame[frame.kind == "server"]["rank"]) == [3, 4]  # two shards
 
 
-def test_every_config_field_is_set_from_a_run_flag(monkeypatch):
-    from scaledl_lab import cli
+def _run_actions() -> dict[str, list]:
+    """The `run` subcommand's flags by the config field they set."""
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    by_dest: dict[str, list] = {}
+    for action in sub.choices["run"]._actions:
+        by_dest.setdefault(action.dest, []).append(action)
+    return by_dest
 
-    args = _parser().parse_args(["run"])
-    given = {}
 
-    def spy(**fields):
-        given.update(fields)
-        return ExperimentConfig(**fields)
+def test_every_config_field_has_a_run_flag():
+    actions = _run_actions()
+    assert set(field_names()) <= set(actions)
+    for name in field_names():  # left out, a flag passes nothing: the config's default holds
+        assert all(a.default is argparse.SUPPRESS for a in actions[name]), name
+    assert len(field_names()) == len(set(field_names()))  # no family shadows another's field
 
-    monkeypatch.setattr(cli, "ExperimentConfig", spy)
-    _config_from_args(args)
-    assert sorted(given) == sorted(f.name for f in dataclasses.fields(ExperimentConfig))
+
+@pytest.mark.parametrize(
+    "argv,changes",
+    [
+        (["--servers", "3", "--strategy", "ps-async"], dict(servers=3, strategy="ps-async")),
+        (["--nnt-max-lead", "unbounded"], dict(nnt_max_lead=None)),
+        (["--nnt-max-lead", "2"], dict(nnt_max_lead=2)),
+        (["--no-error-feedback"], dict(error_feedback=False)),
+        (["--dc-adaptive"], dict(dc_adaptive=True)),
+        (["--recompute", "--strategy", "gpipe"], dict(recompute=True, strategy="gpipe")),
+        (["--checkpoint-every", "5"], dict(checkpoint_every=5)),
+        (["--checkpoint-every", "2epochs"], dict(checkpoint_every="2epochs")),
+        (["--zero-init-residual", "--model", "resnet18"],
+         dict(zero_init_residual=True, model="resnet18")),
+        (["--no-zero-init-residual"], dict(zero_init_residual=False)),
+        (["--no-bias-decay"], dict(no_bias_decay=True)),
+        (["--bias-decay"], dict(no_bias_decay=False)),
+        (["--lr-scaling", "sqrt", "--warmup-epochs", "0.5"],
+         dict(lr_scaling="sqrt", warmup_epochs=0.5)),
+        (["--elastic-alpha", "0.1", "--strategy", "easgd"],
+         dict(elastic_alpha=0.1, strategy="easgd")),
+        (["--clip-gradient", "10"], dict(clip_gradient=10.0)),
+        (["--oversubscribe"], dict(oversubscribe=True)),
+    ],
+)  # fmt: skip
+def test_a_family_flag_reaches_its_config_field(monkeypatch, argv, changes):
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+    cfg = _config_from_args(_parser().parse_args(["run", *argv]))
+    assert cfg == ExperimentConfig(**changes)
+    assert {k: getattr(cfg, k) for k in changes} == changes
 
 
 def test_omitted_flags_keep_the_config_defaults(monkeypatch):

@@ -130,7 +130,7 @@ def test_dgc_moves_the_momentum_out_of_the_optimiser_where_it_corrects_it():
     assert make_optimizer(dgc, params).param_groups[0]["momentum"] == 0.0
     ps = dgc.replace(strategy="ps-sync")
     assert make_optimizer(ps, params).param_groups[0]["momentum"] == 0.0
-    nnt = dgc.replace(strategy="nnt")  # neighbours step with their own optimiser
+    nnt = dgc.replace(strategy="nnt", optimizer="sgd")  # neighbours step with their own
     assert make_optimizer(nnt, params).param_groups[0]["momentum"] == 0.9
     topk = dgc.replace(compress="topk:0.01")
     assert make_optimizer(topk, params).param_groups[0]["momentum"] == 0.9

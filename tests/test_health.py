@@ -43,7 +43,7 @@ def test_the_cli_fills_what_is_not_given_from_the_family(strategy):
 def test_nnt_near_chance_names_the_gradients_it_applies_per_step():
     cfg = ExperimentConfig(
         strategy="nnt", runtime="sim", workers=16, topology="torus:4x4", model="mlp",
-        optimizer="sgd", lr=0.05, momentum=0.9,
+        optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0,
     )  # fmt: skip
     [warning] = health.run_warnings(_summary(cfg, 0.15 - 1e-9, 11.0), [cfg])
     assert warning == (
@@ -56,7 +56,9 @@ def test_nnt_near_chance_names_the_gradients_it_applies_per_step():
 
 
 def test_async_ps_whose_loss_explodes_names_staleness():
-    cfg = ExperimentConfig(strategy="ps-async", runtime="sim", workers=16, model="mlp")
+    cfg = ExperimentConfig(
+        strategy="ps-async", runtime="sim", workers=16, model="mlp", lr=0.05, momentum=0.9
+    )
     [warning] = health.run_warnings(_summary(cfg, 0.5, 7e33), [cfg])
     assert warning == (
         f"run {cfg.label}: its test loss exploded (7e+33; a uniform guess scores 2.30); likely "

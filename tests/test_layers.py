@@ -2,8 +2,8 @@
 names and the families' records → the shared foundations at the root → runtime/ (the Comm
 interface, then the two runtimes, which do not import each other) → training/ → strategies/ →
 the front door (experiment) → studies/, the families' studies, viz/ → cli/. Every import is
-read from the source. The imports that still run back up are listed, each with its reason, in
-KNOWN_UPWARD; the list may only shrink."""
+read from the source. KNOWN_UPWARD would list an import that still runs back up, with its
+reason; it is empty and may only stay so."""
 
 from __future__ import annotations
 
@@ -52,27 +52,9 @@ LAYERS: dict[str, int] = {
 # Keys of one layer that must not import each other: such an import counts as running up.
 PEERS: tuple[str, ...] = ("runtime.sim", "runtime.dask")
 
-# The imports that still run back up, as (importer, imported) below scaledl_lab. Each goes when
-# what it asks for moves down or is handed in (phase B of issue 24: the families' records);
-# then its pair must be removed here (a listed pair that no longer occurs fails the test).
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # config.validate asks the cost model's and the checkpoints' and faults' checks (lazily);
-    # the families' checks it asks of their records
-    ("config", "runtime.sim.cost_checks"),
-    ("config", "training.checkpoint"),
-    ("config", "training.faults"),
-    # the loop applies two families' changes to the model and optimiser (lazily): the
-    # large-batch recipe (zero-initialised residuals, no bias decay, trust coefficients) and
-    # DGC's momentum correction
-    ("training.plan", "strategies.compression"),
-    ("training.plan", "strategies.large_batch.recipe"),
-    ("training.reference", "strategies.large_batch.recipe"),
-    ("training.worker", "strategies.large_batch.recipe"),
-    # the Comm interface and the Dask Comm count a collective's bytes with the cost model's
-    # formulas (ring allreduce, allgather), which live with the simulator
-    ("runtime.base", "runtime.sim.cost"),
-    ("runtime.dask.comm", "runtime.sim.cost"),
-}
+# The imports that still run back up, as (importer, imported) below scaledl_lab, each with its
+# reason; none is left (a listed pair that no longer occurs fails the test).
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -91,7 +91,8 @@ def test_outer_step_is_torch_sgd_on_the_same_outer_gradient(kind, lr, momentum):
 def test_outer_sgd_at_rate_one_is_local_sgd(client):
     """θ − 1·(1/k)Σ(θ − θ_i) = (1/k)Σθ_i: model averaging, for any H and any inner optimiser."""
     cfg = ExperimentConfig(strategy="diloco", sync_period=3, **PLAIN_OUTER, **F64)
-    local = ExperimentConfig(strategy="local-sgd", sync_period=3, **F64)
+    inner = {name: getattr(cfg, name) for name in ("optimizer", "lr", "momentum", "weight_decay")}
+    local = ExperimentConfig(**{**F64, **inner, "strategy": "local-sgd", "sync_period": 3})
     for runtime, kwargs in (("sim", {}), ("dask", {"client": client})):
         ours = run(cfg.replace(runtime=runtime), progress=False, **kwargs)
         theirs = run(local.replace(runtime=runtime), progress=False, **kwargs)
@@ -104,7 +105,10 @@ def test_outer_sgd_at_rate_one_is_local_sgd(client):
 
 def test_one_inner_step_of_plain_sgd_with_outer_sgd_at_rate_one_is_synchronous_sgd(client):
     cfg = ExperimentConfig(
-        strategy="diloco", sync_period=1, **PLAIN_OUTER, **{**F64, "momentum": 0.0}
+        strategy="diloco",
+        sync_period=1,
+        **PLAIN_OUTER,
+        **{**F64, "optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0},
     )
     twin = train_sequential(cfg, load_for(cfg))
     for runtime, kwargs in (("sim", {}), ("dask", {"client": client})):

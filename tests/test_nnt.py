@@ -45,6 +45,8 @@ def test_lockstep_pair_with_plain_sgd_equals_sequential_sgd_at_twice_the_rate():
         workers=2,
         model="mlp",
         precision="float64",
+        optimizer="sgd",  # not the family's AdaGrad: the twin is plain SGD
+        weight_decay=0.0,
         **{**SMALL, "momentum": 0.0},
     )
     res = run(cfg, progress=False)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import contract, families
+from .. import families
 from ..config import (
     DATASETS,
     IMPLEMENTED_RUNTIMES,
@@ -53,100 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_options(rep)
 
     run = sub.add_parser("run", help="one training run")
-    d = ExperimentConfig.__dataclass_fields__
-    run.add_argument("--strategy", default=d["strategy"].default)
-    run.add_argument("--runtime", default=d["runtime"].default)
-    run.add_argument("--workers", type=int, default=d["workers"].default)
-    run.add_argument("--dataset", default=d["dataset"].default)
-    run.add_argument("--model", default=d["model"].default)
-    run.add_argument("--epochs", type=int, default=d["epochs"].default)
-    run.add_argument(
-        "--batch-size",
-        type=int,
-        default=d["batch_size"].default,
-        help="per worker (effective batch = workers x batch-size)",
-    )
-    run.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=None,
-        help="effective batch; must be divisible by --workers",
-    )
-    # Optimiser options left out take the strategy family's defaults (health.recommended).
-    run.add_argument("--lr", type=float, default=None)
-    run.add_argument("--momentum", type=float, default=None)
-    run.add_argument("--weight-decay", type=float, default=None)
-    run.add_argument("--optimizer", default=None)
-    run.add_argument(
-        "--clip-gradient",
-        type=float,
-        default=None,
-        metavar="C",
-        help="clip every gradient element into [-C, C] before each step (MXNet's clip_gradient)",
-    )
-    run.add_argument("--seed", type=int, default=d["seed"].default)
-    run.add_argument(
-        "--topology", default=None, help="ring | torus:HxW | complete (decentralised only)"
-    )
-    run.add_argument("--sharding", default=d["sharding"].default)
-    run.add_argument(
-        "--val-size",
-        type=int,
-        default=d["val_size"].default,
-        help="training samples held out for validation",
-    )
-    run.add_argument("--train-subset", type=int, default=None)
-    run.add_argument("--test-subset", type=int, default=None)
-    run.add_argument("--max-steps", type=int, default=None)
-    run.add_argument("--data-dir", default=None)
-    run.add_argument(
-        "--device",
-        default=d["device"].default,
-        help="dask: " + " | ".join(contract.DEVICES) + " (auto: GPUs if every worker has one)",
-    )
-    run.add_argument(
-        "--precision", default=d["precision"].default, help=" | ".join(contract.PRECISIONS)
-    )
-    run.add_argument(
-        "--bucket-mb",
-        type=float,
-        default=d["bucket_mb"].default,
-        help="allreduce: gradient bucket size in MiB",
-    )
-    run.add_argument(
-        "--timeout-s",
-        type=float,
-        default=d["timeout_s"].default,
-        help="dask: seconds a collective or a server call may wait before the run fails",
-    )
-    run.add_argument(
-        "--oversubscribe", action="store_true", help="allow more real workers than CPU cores"
-    )
-    run.add_argument(
-        "--compute-profile",
-        default=d["compute_profile"].default,
-        help="sim: a device (cpu-core, v100, a100, h100) or a calibration .json",
-    )
-    run.add_argument(
-        "--network",
-        default=d["network"].default,
-        help="sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW or .json",
-    )
-    run.add_argument(
-        "--allreduce-algorithm",
-        default=d["allreduce_algorithm"].default,
-        help="sim: ring | recursive-doubling",
-    )
-    run.add_argument(
-        "--stragglers",
-        default=None,
-        help="sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:SECONDS (commas)",
-    )
-    options.add_run_options(run)
-    large_batch.add_run_options(run)
+    options.add_config_options(run)  # a flag per config field, a group per family
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     _cluster_options(run)
-    run.add_argument("--name", default=None, help="the run's label (default STRATEGY-RUNTIME-Nw)")
     run.add_argument("--out", default=None, help="results folder (default results/<label>)")
 
     res = sub.add_parser("resume", help="continue a run from the last checkpoint in its folder")
@@ -190,27 +99,7 @@ def _security(args: argparse.Namespace) -> Any:
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    from ..training.health import recommended
-
-    family = recommended(args.strategy)
-    for name in ("lr", "momentum", "weight_decay", "optimizer"):
-        if getattr(args, name) is None:
-            setattr(args, name, family[name])
-    cfg = ExperimentConfig(
-        strategy=args.strategy, runtime=args.runtime, workers=args.workers,
-        dataset=args.dataset, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
-        global_batch_size=args.global_batch_size, lr=args.lr, momentum=args.momentum,
-        weight_decay=args.weight_decay, optimizer=args.optimizer,
-        clip_gradient=args.clip_gradient, seed=args.seed,
-        topology=args.topology, sharding=args.sharding, val_size=args.val_size,
-        train_subset=args.train_subset, test_subset=args.test_subset, max_steps=args.max_steps,
-        bucket_mb=args.bucket_mb, device=args.device, precision=args.precision,
-        data_dir=args.data_dir, timeout_s=args.timeout_s, oversubscribe=args.oversubscribe,
-        name=args.name, compute_profile=args.compute_profile,
-        network=args.network, allreduce_algorithm=args.allreduce_algorithm,
-        stragglers=args.stragglers, **options.config_options(args),
-        **large_batch.config_options(args),
-    )  # fmt: skip
+    cfg = ExperimentConfig(**options.given_config(args))  # left out: the config's defaults
     return quick(cfg) if (args.quick or is_quick()) else cfg
 
 
@@ -220,6 +109,10 @@ def _cmd_list() -> None:
         print(f"  {family.name}: {family.summary}")
         for name, description in family.strategies.items():
             print(f"    {name:18s} {description}")
+        if family.options is not None:
+            print("    options:")
+            for line in options.describe_options(family.options):
+                print(f"      {line}")
     print("runtimes: " + ", ".join(IMPLEMENTED_RUNTIMES))
     print("datasets: " + ", ".join(DATASETS))
     print("models: " + ", ".join(MODELS))
@@ -276,64 +169,77 @@ def _cmd_bench(name: str | None) -> int:
     return status
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> None:
+    from ..studies.calibrate import calibrate
+
+    calibrate(tuple(args.models), args.out)
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    from ..experiment import run
+
+    cfg = _config_from_args(args)
+    out = args.out or f"results/{cfg.label}"
+    results = run(cfg, address=args.address, out=out, security=_security(args))
+    print(results.summary().to_string(index=False))
+    for warning in results.warnings():
+        print(f"warning: {warning}")
+    print(f"results written to {out}")
+
+
+def _cmd_resume(args: argparse.Namespace) -> None:
+    from ..training.resume import resume
+
+    results = resume(args.results_dir, args.epochs, address=args.address)
+    print(results.summary().to_string(index=False))
+    print(f"results written to {args.results_dir}")
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> None:
+    if args.long:
+        from ..studies.long_run import reproduce_long
+
+        out = args.out or "results/reproduce-long"
+        reproduce_long(out=out, jobs=args.jobs)
+        print((Path(out) / "summary.md").read_text())
+        return
+    from ..studies.reproduce import reproduce, smoke_configs
+
+    is_q = args.quick or args.smoke or is_quick()
+    default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")
+    out = args.out or default
+    configs, traffic = (smoke_configs(), []) if args.smoke else (None, None)
+    reproduce(
+        is_quick=is_q,
+        out=out,
+        address=args.address,
+        configs=configs,
+        traffic=traffic,
+        security=_security(args),
+        jobs=args.jobs,
+    )
+    print((Path(out) / "summary.md").read_text())
+    print(f"results written to {out}")
+
+
+# Each subcommand's handler: it returns the exit status, or None for 0.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
+    "list": lambda args: _cmd_list(),
+    "data": _cmd_data,
+    "calibrate": _cmd_calibrate,
+    "bench": lambda args: _cmd_bench(args.name),
+    "analyse": large_batch.cmd_analyse,
+    "plan": lambda args: plan_cli.cmd_plan(args, _config_from_args(args)),
+    "run": _cmd_run,
+    "resume": _cmd_resume,
+    "reproduce": _cmd_reproduce,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "list":
-            _cmd_list()
-        elif args.command == "data":
-            _cmd_data(args)
-        elif args.command == "calibrate":
-            from ..studies.calibrate import calibrate
-
-            calibrate(tuple(args.models), args.out)
-        elif args.command == "plan":
-            return plan_cli.cmd_plan(args, _config_from_args(args))
-        elif args.command == "bench":
-            return _cmd_bench(args.name)
-        elif args.command == "analyse":
-            return large_batch.cmd_analyse(args)
-        elif args.command == "run":
-            from ..experiment import run
-
-            cfg = _config_from_args(args)
-            out = args.out or f"results/{cfg.label}"
-            results = run(cfg, address=args.address, out=out, security=_security(args))
-            print(results.summary().to_string(index=False))
-            for warning in results.warnings():
-                print(f"warning: {warning}")
-            print(f"results written to {out}")
-        elif args.command == "resume":
-            from ..training.resume import resume
-
-            results = resume(args.results_dir, args.epochs, address=args.address)
-            print(results.summary().to_string(index=False))
-            print(f"results written to {args.results_dir}")
-        elif args.command == "reproduce" and args.long:
-            from ..studies.long_run import reproduce_long
-
-            out = args.out or "results/reproduce-long"
-            reproduce_long(out=out, jobs=args.jobs)
-            print((Path(out) / "summary.md").read_text())
-        elif args.command == "reproduce":
-            from ..studies.reproduce import reproduce, smoke_configs
-
-            is_q = args.quick or args.smoke or is_quick()
-            default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")
-            out = args.out or default
-            configs, traffic = (smoke_configs(), []) if args.smoke else (None, None)
-            reproduce(
-                is_quick=is_q,
-                out=out,
-                address=args.address,
-                configs=configs,
-                traffic=traffic,
-                security=_security(args),
-                jobs=args.jobs,
-            )
-            print((Path(out) / "summary.md").read_text())
-            print(f"results written to {out}")
+        return COMMANDS[args.command](args) or 0
     except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:  # CostModelError too
         print(f"scaledl-lab: error: {exc}", file=sys.stderr)
         return 1
-    return 0

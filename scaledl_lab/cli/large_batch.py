@@ -1,79 +1,11 @@
-"""The `scaledl-lab` side of large batches: the `run` options (LR scaling and warmup, schedules,
-accumulation, LARS/LAMB options, Goyal's details) and `scaledl-lab analyse sharpness DIR`."""
+"""`scaledl-lab analyse sharpness DIR`: the sharpness of a large-batch study's minima (the
+family's `run` options come from its record, :mod:`.options`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any
-
-
-def add_run_options(run: argparse.ArgumentParser) -> None:
-    """The large-batch options of `scaledl-lab run` (defaults: a constant --lr, as before)."""
-    g = run.add_argument_group("large batches (--optimizer also takes lars, lamb)")
-    g.add_argument(
-        "--lr-scaling",
-        default="none",
-        help="none | linear | sqrt: --lr x (effective batch / reference batch)^1 or ^½",
-    )
-    g.add_argument(
-        "--reference-batch-size",
-        type=int,
-        default=256,
-        help="the effective batch at which --lr is the rate (default 256)",
-    )
-    g.add_argument(
-        "--warmup-epochs",
-        type=float,
-        default=0.0,
-        help="gradual warmup (Goyal et al.), fractional allowed",
-    )
-    g.add_argument(
-        "--lr-schedule",
-        default="constant",
-        help="constant | step:E1,E2[:GAMMA] (default GAMMA 0.1) | cosine",
-    )
-    g.add_argument(
-        "--batch-schedule",
-        default=None,
-        help="E1,E2[:FACTOR]: the batch x FACTOR (default 10) from each epoch "
-        "(allreduce, allreduce-naive)",
-    )
-    g.add_argument(
-        "--accumulate",
-        type=int,
-        default=1,
-        help="micro-batches per update (allreduce, allreduce-naive)",
-    )
-    g.add_argument(
-        "--trust-coefficient",
-        type=float,
-        default=None,
-        help="lars (default 0.001) and lamb (default 1)",
-    )
-    g.add_argument(
-        "--zero-init-residual",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="resnet18: gamma = 0 closing each residual branch (default: in the recipe)",
-    )
-    g.add_argument(
-        "--no-bias-decay",
-        dest="no_bias_decay",
-        action="store_true",
-        default=None,
-        help="no weight decay or trust ratio on biases/BN (default: in the recipe)",
-    )
-    g.add_argument("--bias-decay", dest="no_bias_decay", action="store_false",
-                   help="decay biases and BN like the weights")  # fmt: skip
-
-
-def config_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ExperimentConfig fields of those options."""
-    names = ("lr_scaling", "reference_batch_size", "warmup_epochs", "lr_schedule",
-             "batch_schedule", "accumulate", "trust_coefficient", "zero_init_residual",
-             "no_bias_decay")  # fmt: skip
-    return {name: getattr(args, name) for name in names}
 
 
 def add_analyse(sub: Any) -> None:

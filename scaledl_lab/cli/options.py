@@ -1,145 +1,120 @@
-"""The `scaledl-lab run` options of the strategy families: parameter servers, EASGD, NNT,
-model parallelism, gradient compression, faults and checkpoints, low communication (and the
-config fields they set)."""
+"""The `scaledl-lab run` flags, generated: one per config field, from the field's
+:func:`scaledl_lab.families.option` metadata, the shared fields first, then an argument group
+per family that declares options (its record's ``options`` dataclass). A flag left out is not
+passed on, so the config's own defaults (the family's optimiser among them) apply."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Iterator
 from typing import Any
 
-from ..config import ExperimentConfig
+from .. import families
+from ..config import CORE_FIELDS, ExperimentConfig, field_names
 
 
-def _max_lead(text: str) -> int | None:
-    """``--nnt-max-lead``: a non-negative step count, or ``unbounded`` (FAST: never wait)."""
-    if text.strip().lower() in ("unbounded", "none"):
-        return None
-    try:
-        lead = int(text)
-    except ValueError:
-        lead = -1
-    if lead < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a non-negative integer nor 'unbounded'"
-        )
-    return lead
+def flag_of(f: dataclasses.Field[Any]) -> str:
+    """A field's spelling on the command line: ``--`` and its name with dashes, unless its
+    metadata names another."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def add_run_options(run: argparse.ArgumentParser) -> None:
-    d = ExperimentConfig.__dataclass_fields__
-    opts = run.add_argument_group("strategy options")
-    opts.add_argument("--servers", type=int, default=d["servers"].default, help="PS shards")
-    opts.add_argument(
-        "--server-transport",
-        default=d["server_transport"].default,
-        help="PS and EASGD servers on real workers: auto (= p2p: torch.distributed "
-        "point-to-point messages) | p2p | actor (Dask actor calls)",
-    )
-    opts.add_argument("--backup-workers", type=int, default=d["backup_workers"].default)
-    opts.add_argument("--n-fetch", type=int, default=d["n_fetch"].default, help="downpour")
-    opts.add_argument("--n-push", type=int, default=d["n_push"].default, help="downpour")
-    opts.add_argument("--dc-lambda", type=float, default=d["dc_lambda"].default, help="dc-asgd")
-    opts.add_argument(
-        "--dc-adaptive", action="store_true", help="dc-asgd: λ0/√(mean g²) (DC-ASGD-a)"
-    )
-    opts.add_argument(
-        "--sync-period",
-        type=int,
-        default=d["sync_period"].default,
-        help="local-sgd, easgd: local steps between averagings; diloco: inner steps (H)",
-    )
-    opts.add_argument("--elastic-alpha", type=float, default=None, help="easgd moving rate")
-    opts.add_argument(
-        "--elastic-async", action="store_true", help="easgd: centre on a server, asynchronous"
-    )
-    opts.add_argument(
-        "--stage-epochs", type=int, default=d["stage_epochs"].default, help="nnt-staged"
-    )
-    opts.add_argument(
-        "--nnt-max-lead",
-        type=_max_lead,
-        default=d["nnt_max_lead"].default,
-        metavar="N|unbounded",
-        help="nnt, nnt-staged: steps a worker may run ahead of a neighbour's gradients "
-        "(default unbounded: never wait, as FAST)",
-    )
-    pipe = run.add_argument_group("model parallelism")
-    pipe.add_argument(
-        "--stages", type=int, default=None, help="pipelines: stages per replica (default: all)"
-    )
-    pipe.add_argument(
-        "--micro-batches", type=int, default=1, help="gpipe, 1f1b: micro-batches per mini-batch"
-    )
-    pipe.add_argument(
-        "--balance", default="params", help="pipelines: params | time | layers per stage 2,3,1"
-    )
-    pipe.add_argument(
-        "--recompute",
-        action="store_true",
-        help="gpipe, 1f1b, zero2, zero3: recompute forwards in backward",
-    )
-    comp = run.add_argument_group("gradient compression (strategies that send gradients)")
-    comp.add_argument(
-        "--compress",
-        default=d["compress"].default,
-        help="none | onebit | qsgd:LEVELS | topk:RATIO | dgc:RATIO | powersgd:RANK",
-    )
-    comp.add_argument(
-        "--no-error-feedback", action="store_true", help="drop what compression leaves out"
-    )
-    runs = run.add_argument_group("faults and checkpoints")
-    runs.add_argument(
-        "--faults", default=None, help="kill:RANK:STEP (commas): worker RANK dies after STEP"
-    )
-    runs.add_argument(
-        "--checkpoint-every",
-        default=None,
-        help="N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
-    )
-    # low communication: diloco, streaming-diloco (--sync-period is DiLoCo's H)
-    low = run.add_argument_group("low communication (diloco, streaming-diloco)")
-    low.add_argument(
-        "--outer-optimizer",
-        default=d["outer_optimizer"].default,
-        help="sgd | nesterov: the outer step on the averaged outer gradient",
-    )
-    low.add_argument("--outer-lr", type=float, default=d["outer_lr"].default)
-    low.add_argument("--outer-momentum", type=float, default=d["outer_momentum"].default)
-    low.add_argument(
-        "--fragments",
-        type=int,
-        default=d["fragments"].default,
-        help="streaming-diloco: fragments of layers synchronised in turn",
-    )
-    low.add_argument(
-        "--overlap-steps",
-        type=int,
-        default=d["overlap_steps"].default,
-        help="streaming-diloco: τ, inner steps each outer all-reduce overlaps",
-    )
-    low.add_argument("--mixing-alpha", type=float, default=None,
-                     help="streaming-diloco: α, the local share when merging (default 0.5 "
-                     "with overlap, 0 without)")  # fmt: skip
+def _parser_of(hint: Any, name: str) -> Any:
+    """The text parser of a field typed ``hint`` (int, float, str, or one of them or None)."""
+    kind = hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind in (int, float, str):
+        return kind
+    raise TypeError(f"config field {name!r}: give option(parse=...) to read {hint!r} from text")
 
 
-def config_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The config fields these options set."""
-    return dict(
-        servers=args.servers, server_transport=args.server_transport,
-        backup_workers=args.backup_workers, n_fetch=args.n_fetch,
-        n_push=args.n_push, dc_lambda=args.dc_lambda, dc_adaptive=args.dc_adaptive,
-        sync_period=args.sync_period, elastic_alpha=args.elastic_alpha,
-        elastic_async=args.elastic_async, stage_epochs=args.stage_epochs,
-        nnt_max_lead=args.nnt_max_lead, stages=args.stages, micro_batches=args.micro_batches,
-        balance=args.balance, recompute=args.recompute, compress=args.compress,
-        error_feedback=not args.no_error_feedback, faults=args.faults,
-        checkpoint_every=_steps_or_text(args.checkpoint_every),
-        # low communication
-        outer_optimizer=args.outer_optimizer, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, fragments=args.fragments,
-        overlap_steps=args.overlap_steps, mixing_alpha=args.mixing_alpha,
-    )  # fmt: skip
+def _default_text(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return ""
+    return f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
 
 
-def _steps_or_text(value: str | None) -> int | str | None:
-    return int(value) if value is not None and value.strip().lstrip("-").isdigit() else value
+def _metavar(f: dataclasses.Field[Any], parse: Any) -> str | None:
+    """The flag's placeholder: the field's own, its choices, N for counts, X for numbers."""
+    choices = f.metadata.get("choices")
+    shown = "|".join(choices) if choices else {int: "N", float: "X"}.get(parse)
+    return f.metadata.get("metavar") or shown
+
+
+def _is_switch(f: dataclasses.Field[Any], hint: Any) -> bool:
+    return hint in (bool, bool | None) or isinstance(f.default, bool)
+
+
+def _add(group: Any, f: dataclasses.Field[Any], hint: Any) -> None:
+    meta = f.metadata
+    if "help" not in meta:
+        raise TypeError(f"config field {f.name!r} has no option(...) metadata: no flag for it")
+    flag, help_text = flag_of(f), meta["help"]
+    common = dict(dest=f.name, default=argparse.SUPPRESS)
+    if _is_switch(f, hint):
+        if f.default is None:  # on in a recipe unless a flag says
+            group.add_argument(flag, action="store_const", const=True, help=help_text, **common)
+            off = meta.get("off_flag") or "--no-" + flag.removeprefix("--")
+            group.add_argument(
+                off, action="store_const", const=False, help=f"the opposite of {flag}", **common
+            )
+        else:
+            group.add_argument(
+                flag, action="store_const", const=not f.default, help=help_text, **common
+            )
+        return
+    parse = meta.get("parse") or _parser_of(hint, f.name)
+    group.add_argument(
+        flag,
+        type=parse,
+        metavar=_metavar(f, parse),
+        help=help_text + _default_text(f.default),
+        **common,
+    )
+
+
+def option_groups() -> Iterator[tuple[str, str, type]]:
+    """(title, description, dataclass) of every group of config flags, the shared one first."""
+    yield "the run (every strategy)", "", ExperimentConfig
+    for family in families.with_options():
+        assert family.options is not None
+        yield f"{family.name} options", family.summary, family.options
+
+
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    return CORE_FIELDS if cls is ExperimentConfig else dataclasses.fields(cls)
+
+
+def add_config_options(run: argparse.ArgumentParser) -> None:
+    """A flag for every config field, in a group per family."""
+    for title, description, cls in option_groups():
+        group = run.add_argument_group(title, description or None)
+        hints = typing.get_type_hints(cls)
+        for f in _fields(cls):
+            _add(group, f, hints[f.name])
+
+
+def given_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields the command line gave (the others keep the config's defaults)."""
+    names = set(field_names())
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
+def describe_options(cls: type) -> list[str]:
+    """One line per flag of ``cls``'s fields (`scaledl-lab list`)."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in _fields(cls):
+        flag = flag_of(f)
+        if _is_switch(f, hints[f.name]) and f.default is None:
+            flag += " | " + (f.metadata.get("off_flag") or "--no-" + flag.removeprefix("--"))
+        elif not _is_switch(f, hints[f.name]):
+            parse = f.metadata.get("parse") or _parser_of(hints[f.name], f.name)
+            flag += " " + (_metavar(f, parse) or f.name.upper())
+        lines.append(f"{flag:28s} {f.metadata['help']}{_default_text(f.default)}")
+    return lines

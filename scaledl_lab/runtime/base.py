@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import RunError, WorkerKilled
-from .sim.cost import ring_allreduce_bytes
+from .collectives import ring_allreduce_bytes
 
 
 class _NotReady:

@@ -13,9 +13,15 @@ there before a config is validated.
   travel in each family, its study and report;
 - :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser).
 
-The last two register no strategy of their own: they change how the others train.
+The last two register no strategy of their own: they change how the others train. The checks
+of the config fields no family owns (the cost model's, faults, checkpoints) register when
+their modules are imported, which this package does.
 """
 
+# Imported for their config checks, which register with the records.
+from ..runtime.sim import cost_checks as cost_checks
+from ..training import checkpoint as checkpoint
+from ..training import faults as faults
 from . import (
     compression,
     data_parallel,

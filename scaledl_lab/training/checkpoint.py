@@ -39,6 +39,12 @@ def parse_every(value: int | str | None) -> tuple[int, str] | None:
     return int(match.group(1)), "epochs" if match.group(2) else "steps"
 
 
+@families.register_check
+def check_run(cfg: Any) -> None:
+    """The config's check of ``checkpoint_every`` (registered: the config asks the records)."""
+    check_config(cfg.strategy, cfg.compress, cfg.checkpoint_every)
+
+
 def check_config(strategy: str, compress: str, value: int | str | None) -> None:
     if parse_every(value) is None:
         return

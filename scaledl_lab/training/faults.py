@@ -9,7 +9,9 @@ synchronous ones stop with a clear error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from .. import families
 from ..errors import ConfigError
 
 SPELLING = "kill:RANK:STEP (commas between several)"
@@ -21,6 +23,12 @@ class Kill:
 
     rank: int
     step: int
+
+
+@families.register_check
+def check_run(cfg: Any) -> None:
+    """The config's check of ``faults`` (registered: the config asks the records)."""
+    parse_faults(cfg.faults, cfg.workers)
 
 
 def parse_faults(spec: str | None, workers: int) -> tuple[Kill, ...]:

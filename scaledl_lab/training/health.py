@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from .. import families
-from ..config import ExperimentConfig
+from ..config import DEFAULT_OPTIMISER, ExperimentConfig
 from ..families import OPTIMISER_FIELDS
 
 CLASSES = 10  # every dataset of the lab has ten classes
@@ -31,8 +31,7 @@ def recommended(strategy: str) -> dict[str, Any]:
     default = families.optimiser_default(strategy)
     if default is not None:
         return dict(default.settings)
-    fields = ExperimentConfig.__dataclass_fields__
-    return {name: fields[name].default for name in OPTIMISER_FIELDS}
+    return {name: DEFAULT_OPTIMISER[name] for name in OPTIMISER_FIELDS}
 
 
 def _setting(cfg: ExperimentConfig) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import families
 from ..config import ExperimentConfig
 from ..data import DataSplits, load_dataset
 from .optim import LAMB, LARS, AdamW, param_groups
@@ -69,21 +70,20 @@ def _clipper(bound: float) -> Any:
 
 
 def _optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
-    # Two families change the optimiser; imported here, as the families sit above the loop.
-    from ..strategies.compression import momentum_correction
-    from ..strategies.large_batch.recipe import no_bias_decay_of, trust_coefficient_of
-
-    if no_bias_decay_of(cfg):  # biases and BatchNorm: no weight decay, no trust ratio
+    # The families' changes (their records say): the large-batch recipe's bias decay and trust
+    # coefficients, DGC's momentum correction (the momentum moves into each compressor).
+    changes = families.optimiser_changes(cfg)
+    if changes.no_bias_decay:  # biases and BatchNorm: no weight decay, no trust ratio
         params = param_groups(params, cfg.weight_decay)
+    coefficient = changes.trust_coefficient
+    trust = {} if coefficient is None else {"trust_coefficient": coefficient}
     if cfg.optimizer == "lars":
         return LARS(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                    trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
+                    **trust)  # fmt: skip
     if cfg.optimizer == "lamb":
-        return LAMB(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                    trust_coefficient=trust_coefficient_of(cfg))  # fmt: skip
+        return LAMB(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **trust)
     if cfg.optimizer == "sgd":
-        # DGC's momentum correction keeps the momentum in each worker's compressor instead.
-        momentum = 0.0 if momentum_correction(cfg) else cfg.momentum
+        momentum = cfg.momentum if changes.momentum is None else changes.momentum
         return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum,
                                weight_decay=cfg.weight_decay, foreach=True)  # fmt: skip
     if cfg.optimizer == "adamw":

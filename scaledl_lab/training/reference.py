@@ -14,6 +14,7 @@ the order its metrics table records (in its family's folder:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +22,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import families
 from ..config import ExperimentConfig
 from ..data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
 from ..models import build_model
 from .schedule import StepPlan, set_lr
 from .worker import make_optimizer
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One intra-op thread while a twin trains (the rank-order sums of one worker process, bit
+    for bit), the caller's count restored when it ends; also a decorator (``@one_thread()``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def combined_batches(cfg: ExperimentConfig, data: DataSplits, epoch: int) -> list[torch.Tensor]:
@@ -45,16 +59,14 @@ def _plan(cfg: ExperimentConfig, data: DataSplits) -> StepPlan:
     return StepPlan.build(cfg, len(shard))
 
 
+@one_thread()
 def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     """Plain single-process training on the combined batches; returns the final state_dict.
 
     With ``accumulate`` K each worker's part of a batch is its K micro-batches at once; a batch
     schedule grows it as the workers' does; every step runs at the workers' scheduled rate."""
-    from ..strategies.large_batch.recipe import prepare_model  # the family sits above the loop
-
-    torch.set_num_threads(1)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    model = prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
+    model = families.prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
     optimizer = make_optimizer(cfg, model.parameters())
     plan = _plan(cfg, data)
     batches = [idx for epoch in range(cfg.epochs) for idx in combined_batches(cfg, data, epoch)]
@@ -67,6 +79,7 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@one_thread()
 def train_worker_mean(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     """Synchronous SGD in one process, done the way the workers do it: at each step every
     worker's gradient of its own batch at the shared weights, summed in rank order, divided by
@@ -76,7 +89,6 @@ def train_worker_mean(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]
     operations of a run whose allreduce sums in rank order (the simulator's; gloo's a + b for
     two workers), so with one thread per process the two agree bit for bit, in float32 too.
     """
-    torch.set_num_threads(1)
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
     model = model.to(cfg.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -132,10 +144,10 @@ def _local_steps(cfg: ExperimentConfig, data: DataSplits) -> int:
 
 
 class Gradients:
-    """∇F(w; batch) of the config's model at any flat weight vector ``w``, in one process."""
+    """∇F(w; batch) of the config's model at any flat weight vector ``w``, in one process (a
+    twin using it runs under :func:`one_thread`)."""
 
     def __init__(self, cfg: ExperimentConfig, data: DataSplits) -> None:
-        torch.set_num_threads(1)
         self.cfg, self.data = cfg, data
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
         self.model = self.model.to(cfg.dtype)
@@ -177,6 +189,7 @@ def check_plain_sgd(cfg: ExperimentConfig, what: str) -> None:
 # -- D-PSGD ------------------------------------------------------------------------------------
 
 
+@one_thread()
 def train_dpsgd_sequential(cfg: ExperimentConfig, data: DataSplits) -> list[dict[str, Any]]:
     """D-PSGD (Lian et al. 2017) with all N workers as the rows of one matrix X (N × P):
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import families
 from ..config import ExperimentConfig
 from ..data import Dataset, DataSplits, epoch_batches, shard_indices
 from ..errors import DivergenceError
@@ -110,8 +111,6 @@ class WorkerContext:
 
     def build_model(self) -> nn.Module:
         """The model, initialised from the run's seed: the same weights on every worker."""
-        from ..strategies.large_batch.recipe import prepare_model  # the family sits above
-
         data = self.data
         key = (self.config.model, data.input_shape, data.num_classes, self.config.seed)
         if key not in _TEMPLATES:
@@ -119,7 +118,7 @@ class WorkerContext:
             # matters when the simulator builds hundreds of replicas.
             _TEMPLATES.clear()
             _TEMPLATES[key] = build_model(key[0], key[1], key[2], seed=key[3])
-        model = prepare_model(self.config, copy.deepcopy(_TEMPLATES[key]))
+        model = families.prepare_model(self.config, copy.deepcopy(_TEMPLATES[key]))
         return model.to(self.device, self.config.dtype)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:

@@ -34,7 +34,7 @@ from ..base import (
     check_shardable,
     tensor_bytes,
 )
-from ..sim.cost import allgather_bytes, ring_allreduce_bytes, ring_reduce_scatter_bytes
+from ..collectives import allgather_bytes, ring_allreduce_bytes, ring_reduce_scatter_bytes
 from .p2p import P2PClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
 from .work import (

@@ -21,7 +21,7 @@ from ..base import (
     clone_tensors,
     tensor_bytes,
 )
-from .cost import allgather_bytes, ring_reduce_scatter_bytes
+from ..collectives import allgather_bytes, ring_reduce_scatter_bytes
 
 
 @dataclass

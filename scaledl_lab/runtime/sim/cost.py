@@ -17,21 +17,11 @@ from typing import Any
 
 import numpy as np
 
-
-def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in a ring allreduce: reduce-scatter then all-gather, 2(p-1)/p · n."""
-    if world_size <= 1:
-        return 0
-    return int(math.ceil(2 * (world_size - 1) * nbytes / world_size))
-
-
-def ring_reduce_scatter_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in a ring reduce-scatter of ``nbytes`` (or an all-gather whose
-    result is ``nbytes``): p − 1 chunks of n/p, (p-1)/p · n, half an allreduce."""
-    return int(math.ceil((world_size - 1) * nbytes / world_size)) if world_size > 1 else 0
-
-
-ring_all_gather_bytes = ring_reduce_scatter_bytes
+# The byte counts are the runtime layer's (every Comm counts with them); priced here.
+from ..collectives import allgather_bytes as allgather_bytes
+from ..collectives import ring_all_gather_bytes as ring_all_gather_bytes
+from ..collectives import ring_allreduce_bytes as ring_allreduce_bytes
+from ..collectives import ring_reduce_scatter_bytes as ring_reduce_scatter_bytes
 
 
 class CostModelError(ValueError):
@@ -153,11 +143,6 @@ def allgather_time(
         return 0.0
     steps = p - 1 if algorithm == "ring" else math.ceil(math.log2(p))
     return steps * net.latency_s + (p - 1) * nbytes / net.bandwidth_Bps
-
-
-def allgather_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one worker sends in an allgather of ``nbytes`` each: its piece to p − 1 workers."""
-    return max(0, world_size - 1) * nbytes
 
 
 def reduce_scatter_time(

@@ -1,10 +1,12 @@
 """Config checks of the cost-model fields (allreduce algorithm, network, compute profile,
-stragglers), run by :func:`scaledl_lab.config.validate` before any cluster starts."""
+stragglers), registered with the families' records, so that :func:`scaledl_lab.config.validate`
+runs them before any cluster starts."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ... import families
 from .cost import (
     ALLREDUCE_ALGORITHMS,
     DEVICES,
@@ -29,6 +31,7 @@ def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
         )
 
 
+@families.register_check
 def check_config(cfg: Any) -> None:
     """Config errors of the cost-model fields (a ConfigError naming the field)."""
     from ...errors import ConfigError, choices

@@ -21,8 +21,9 @@ from .compressors import (
     topk_count,
 )
 from .feedback import DGCMemory, ErrorFeedback
+from .options import CompressionOptions
 from .powersgd import PowerSGD
-from .spec import CompressionSpec, check_config, momentum_correction, parse
+from .spec import CompressionSpec, check_config, momentum_correction, optimiser_changes, parse
 from .wire import Layout, Payload, layout_of, pack, payload_bytes, shard_layouts, unpack
 
 FAMILY = register_family(
@@ -32,12 +33,15 @@ FAMILY = register_family(
         "(compress=..., error feedback)",
         strategies={},
         check=check_config,
+        options=CompressionOptions,
+        optimiser_changes=optimiser_changes,
     )
 )
 
 __all__ = [
     "DGC",
     "QSGD",
+    "CompressionOptions",
     "CompressionSpec",
     "Compressor",
     "DGCMemory",

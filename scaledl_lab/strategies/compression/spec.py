@@ -137,3 +137,9 @@ def momentum_correction(cfg: Any) -> float:
     ):
         return float(cfg.momentum)
     return 0.0
+
+
+def optimiser_changes(cfg: Any) -> families.OptimiserChanges:
+    """DGC's momentum correction keeps the momentum in each worker's compressor: the optimiser
+    then steps without it (the family's record hands this to the loop)."""
+    return families.OptimiserChanges(momentum=0.0 if momentum_correction(cfg) else None)

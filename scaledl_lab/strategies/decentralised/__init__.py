@@ -9,6 +9,7 @@ from ...families import Family, OptimiserDefault, register_family
 from ...topology import neighbours
 from ..registry import described
 from . import checks, easgd, gossip, local_sgd, nnt, replicas
+from .options import DecentralisedOptions
 
 NNT = ("nnt", "nnt-lockstep", "nnt-staged")
 
@@ -41,7 +42,17 @@ FAMILY = register_family(
         },
         optimisers=(NNT_ADAGRAD,),
         check=checks.check_config,
+        options=DecentralisedOptions,
     )
 )
 
-__all__ = ["FAMILY", "checks", "easgd", "gossip", "local_sgd", "nnt", "replicas"]
+__all__ = [
+    "FAMILY",
+    "DecentralisedOptions",
+    "checks",
+    "easgd",
+    "gossip",
+    "local_sgd",
+    "nnt",
+    "replicas",
+]

@@ -3,12 +3,13 @@
 config checks (:mod:`.checks`), sharp and flat minima (:mod:`.sharpness`), the claims and
 figures (:mod:`.report`) and the reproductions of notebook 07 (:mod:`.study`).
 
-Only the checks are imported here, for the family's record: the study runs experiments, which
-sit above the strategies.
+Only the options, the checks and the recipe are imported here, for the family's record: the
+study runs experiments, which sit above the strategies.
 """
 
 from ...families import Family, register_family
-from . import checks
+from . import checks, recipe
+from .options import LargeBatchOptions
 
 FAMILY = register_family(
     Family(
@@ -17,7 +18,10 @@ FAMILY = register_family(
         "accumulation, LARS/LAMB",
         strategies={},
         check=checks.check_config,
+        options=LargeBatchOptions,
+        prepare_model=recipe.prepare_model,
+        optimiser_changes=recipe.optimiser_changes,
     )
 )
 
-__all__ = ["FAMILY", "checks"]
+__all__ = ["FAMILY", "LargeBatchOptions", "checks", "recipe"]

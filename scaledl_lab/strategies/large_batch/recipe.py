@@ -3,7 +3,7 @@ Goyal et al. 2017's zero-initialised residual branches, no weight decay on biase
 BatchNorm, and the trust coefficients of LARS and LAMB (You et al. 2017, 2019), each on when the
 config asks for the recipe (scaling, warmup, LARS or LAMB).
 
-Configs are read by attribute (the config's checks import the large-batch modules).
+The family's record hands :func:`prepare_model` and :func:`optimiser_changes` to the loop.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ def trust_coefficient_of(cfg: Any) -> float:
     if cfg.trust_coefficient is not None:
         return float(cfg.trust_coefficient)
     return TRUST_COEFFICIENTS.get(cfg.optimizer, 1.0)
+
+
+def optimiser_changes(cfg: Any) -> families.OptimiserChanges:
+    """The recipe's changes to every worker's optimiser (the family's record hands them on)."""
+    return families.OptimiserChanges(
+        no_bias_decay=no_bias_decay_of(cfg), trust_coefficient=trust_coefficient_of(cfg)
+    )
 
 
 def prepare_model(cfg: Any, model: nn.Module) -> nn.Module:

@@ -9,6 +9,7 @@ from typing import Any
 from ...families import Family, OptimiserDefault, register_family
 from ..registry import described
 from . import checks, compressed, diloco, fragments, outer, streaming, twins
+from .options import LowCommunicationOptions
 
 
 def _why_adamw(cfg: Any, setting: str, flags: str) -> str:
@@ -36,6 +37,7 @@ FAMILY = register_family(
         capabilities={"checkpointable": ("diloco",), "compressible": True},
         optimisers=(ADAMW,),
         check=checks.check_config,
+        options=LowCommunicationOptions,
     )
 )
 

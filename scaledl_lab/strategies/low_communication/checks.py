@@ -3,22 +3,27 @@ mixing), each one line naming the field, before any cluster starts."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ...contract import OUTER_OPTIMIZERS
 from ...errors import ConfigError, choices
 from .compressed import OUTER_COMPRESSORS
 from .fragments import layer_total
+from .options import LowCommunicationOptions
 
 DILOCO = ("diloco", "streaming-diloco")
-# Each option, its default, and the strategies it applies to.
+# The strategies each option applies to; its default is the options dataclass's.
+APPLIES_TO: dict[str, tuple[str, ...]] = {
+    "outer_optimizer": DILOCO,
+    "outer_lr": DILOCO,
+    "outer_momentum": DILOCO,
+    "fragments": ("streaming-diloco",),
+    "overlap_steps": ("streaming-diloco",),
+    "mixing_alpha": ("streaming-diloco",),
+}
 OPTIONS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "outer_optimizer": ("nesterov", DILOCO),
-    "outer_lr": (0.7, DILOCO),
-    "outer_momentum": (0.9, DILOCO),
-    "fragments": (1, ("streaming-diloco",)),
-    "overlap_steps": (0, ("streaming-diloco",)),
-    "mixing_alpha": (None, ("streaming-diloco",)),
+    f.name: (f.default, APPLIES_TO[f.name]) for f in dataclasses.fields(LowCommunicationOptions)
 }
 
 

@@ -6,6 +6,7 @@ functions (:mod:`.schedules`), the pipeline executor (:mod:`.pipeline`: ``model-
 from ...families import Family, register_family
 from ..registry import described
 from . import partition, pipeline, schedules, tensor_parallel
+from .options import ModelParallelOptions
 
 PIPELINES = tuple(pipeline.DESCRIPTIONS)
 
@@ -20,7 +21,15 @@ FAMILY = register_family(
             "slices_layers": ("tensor-parallel",),
         },
         check=partition.check_model_parallel,
+        options=ModelParallelOptions,
     )
 )
 
-__all__ = ["FAMILY", "partition", "pipeline", "schedules", "tensor_parallel"]
+__all__ = [
+    "FAMILY",
+    "ModelParallelOptions",
+    "partition",
+    "pipeline",
+    "schedules",
+    "tensor_parallel",
+]

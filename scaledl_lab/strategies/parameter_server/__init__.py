@@ -8,6 +8,7 @@ from typing import Any
 from ...families import Family, OptimiserDefault, register_family
 from ..registry import described
 from . import checks, hogwild, server, workers
+from .options import ParameterServerOptions
 
 
 def _why_stale(cfg: Any, setting: str, flags: str) -> str:
@@ -40,7 +41,8 @@ FAMILY = register_family(
         },
         optimisers=(ASYNC_SGD,),
         check=checks.check_config,
+        options=ParameterServerOptions,
     )
 )
 
-__all__ = ["FAMILY", "checks", "hogwild", "server", "workers"]
+__all__ = ["FAMILY", "ParameterServerOptions", "checks", "hogwild", "server", "workers"]

@@ -11,7 +11,7 @@ import torch
 
 from ...config import ExperimentConfig
 from ...data import DataSplits
-from ...training.reference import Gradients, check_plain_sgd, worker_batches
+from ...training.reference import Gradients, check_plain_sgd, one_thread, worker_batches
 from .workers import VARIANTS
 
 
@@ -50,6 +50,7 @@ def server_push_order(train: Any, *, n_fetch: int = 1, n_push: int = 1) -> list[
     return [slots[s] for s in range(len(slots))]
 
 
+@one_thread()
 def replay_async_server(
     cfg: ExperimentConfig, data: DataSplits, order: list[int]
 ) -> dict[str, Any]:
