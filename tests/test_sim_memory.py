@@ -12,7 +12,7 @@ import torch
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
 from scaledl_lab.runtime.sim import mail as mail_module
-from scaledl_lab.runtime.sim.mail import Mail
+from scaledl_lab.runtime.sim.mail import Copies, Mail, Sent
 
 # Unbounded NNT with a straggler: the straggler's neighbours run ahead and flood the workers two
 # hops away, so many gradients wait in the mail (the case that made the budget necessary).
@@ -31,11 +31,12 @@ def test_a_spilled_message_comes_back_bit_for_bit_in_order():
     box = Mail(spill_after=3 * 4)  # room for one 3-element float32 message
     sent = [torch.randn(3), torch.randn(2, 2, dtype=torch.float64), torch.arange(4).bfloat16()]
     for i, t in enumerate(sent):
-        box.put(0, 1, float(i), t)
+        box.put(0, 1, float(i), Sent(t, readers=1))
     assert box.held == 12 and box.spilled == 2
     for i, t in enumerate(sent):
         arrival, got = box.take(0, 1)
-        assert arrival == float(i) and got.dtype == t.dtype and torch.equal(got, t)
+        message = got.take()
+        assert arrival == float(i) and message.dtype == t.dtype and torch.equal(message, t)
     assert (0, 1) not in box and box.held == 0
     box.close()
 
