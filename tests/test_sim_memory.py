@@ -104,3 +104,21 @@ def test_hand_back_memory_restores_the_start_up_settings(monkeypatch):
         assert set_to[-1] == (memory.M_MMAP_MAX, 0)
     assert set_to[3:] == [(memory.M_TRIM_THRESHOLD, 65536), (memory.M_MMAP_THRESHOLD, 128 * 1024),
                           (memory.M_MMAP_MAX, 65536), ("trim", 0)]  # fmt: skip
+
+
+def test_receivers_of_one_send_share_one_copy_and_read_it_unchanged():
+    copies = Copies()
+    gradient = torch.randn(5)
+    sent = gradient.clone()
+    shares = [copies.of(0, gradient) for _ in range(3)]  # one send to three neighbours
+    assert shares[0] is shares[1] is shares[2] and shares[0].readers == 3
+    gradient.mul_(0.0)  # the sender's buffer changes after the send: the copy does not
+    first = shares[0].take()
+    first.add_(1.0)  # a reader changes what it read in place (clipping does) ...
+    second, last = shares[1].take(), shares[2].take()
+    assert torch.equal(second, sent) and torch.equal(last, sent)  # ... the others don't see it
+    assert not torch.equal(first, sent) and shares[0].tensor is None  # the last took the copy
+    again = copies.of(1, gradient)
+    assert copies.of(1, gradient) is again and again.readers == 2  # unchanged: shared
+    gradient.add_(1.0)  # changed in place (its version counter moved): a copy of its own
+    assert copies.of(1, gradient) is not again and torch.equal(again.take(), sent * 0.0)

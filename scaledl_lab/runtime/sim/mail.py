@@ -104,9 +104,7 @@ class Mail:
 
     def __init__(self, spill_after: int | None = None) -> None:
         self.spill_after = SPILL_AFTER_BYTES if spill_after is None else spill_after
-        self._boxes: dict[tuple[int, int], deque[tuple[float, Sent | Spilled]]] = defaultdict(
-            deque
-        )
+        self._boxes: dict[tuple[int, int], deque[tuple[float, Sent | Spilled]]] = defaultdict(deque)
         self.held = 0  # bytes of the messages in memory (a copy shared by receivers once)
         self.spilled = 0  # messages written to disk so far
         self._dir: Path | None = None
