@@ -10,7 +10,12 @@ RSS (its kernel high-water mark, what ``/usr/bin/time -v`` reports as "Maximum r
 size"), the wall time and how many processes the tree had at the PSS peak.
 
     python benchmarks/bench_memory.py [TARGET ...] [--mode quick|full] [--interval 0.5]
-                                      [--csv FILE]
+                                      [--csv FILE] [--breakdown] [--out DIR]
+
+``--out DIR`` (the committed one is ``results/memory``) merges the rows into ``DIR/memory.csv``
+(a target and mode measured again replaces its row), each process at the peak into
+``DIR/breakdown.csv``, the machine into ``DIR/machine.json``, and writes ``DIR/summary.md``
+from them: the table a README quotes.
 
 Targets (default: all of them): ``reproduce`` runs ``scaledl-lab reproduce --quick --out <tmp>``
 (without ``--quick`` in full mode) through ``python -m scaledl_lab.cli``, so the code of this
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import signal
@@ -311,6 +317,8 @@ class Row:
     unreadable: int = 0
     unreadable_rss_gb: float = 0.0
     left_behind: int = 0
+    load_at_start: float = math.nan  # the 1-minute load average as the target started
+    measured_at: str = ""  # UTC, ISO 8601
 
 
 def budget_verdict(kind: str, mode: str, pss_gb: float, wall_s: float, exit_code: int) -> str:
@@ -325,13 +333,13 @@ def budget_verdict(kind: str, mode: str, pss_gb: float, wall_s: float, exit_code
     return f"{text}: {'met' if met else 'not met'}"
 
 
-def to_row(target: Target, mode: str, figures: dict) -> Row:
+def to_row(target: Target, mode: str, figures: dict, load: float = math.nan, at: str = "") -> Row:
     pss, wall, code = figures["peak_pss"] / GB, figures["wall"], figures["exit_code"]
     verdict = budget_verdict(target.kind, mode, pss, wall, code)
     return Row(
         target.name, mode, pss, figures["peak_rss"] / GB, figures["largest_process"] / GB,
         figures["processes_at_peak"], wall, code, verdict,
-        figures["unreadable"], figures["unreadable_rss"] / GB, figures["left_behind"],
+        figures["unreadable"], figures["unreadable_rss"] / GB, figures["left_behind"], load, at,
     )  # fmt: skip
 
 
@@ -367,6 +375,93 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {total / GB:.1f} GB RAM, load average {load}"
 
 
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a ``memory.csv`` written by :func:`write_csv`."""
+    types = {f.name: f.type for f in Row.__dataclass_fields__.values()}
+    cast = {"int": int, "float": float, "str": str}
+    with open(path, newline="") as fh:
+        return [Row(**{k: cast[types[k]](v) for k, v in r.items()}) for r in csv.DictReader(fh)]
+
+
+def machine_facts() -> dict[str, object]:
+    """What the figures depend on: cores, RAM, CPU model, kernel, Python and torch."""
+    import platform
+
+    import torch
+
+    with open("/proc/meminfo") as fh:
+        total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
+    model = ""
+    with open("/proc/cpuinfo") as fh:
+        model = next((line.split(":", 1)[1].strip() for line in fh if "model name" in line), "")
+    return {"cores": os.cpu_count(), "ram_gb": round(total / GB, 1), "cpu": model,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "torch": torch.__version__}  # fmt: skip
+
+
+def summary_markdown(rows: Sequence[Row], facts: dict[str, object], commands: list[str]) -> str:
+    """``summary.md`` of a results folder: the table, how it was measured, on what."""
+    order = {t.name: i for i, t in enumerate(all_targets())}
+    rows = sorted(rows, key=lambda r: (MODES.index(r.mode), order.get(r.target, len(order))))
+    loads = [r.load_at_start for r in rows if math.isfinite(r.load_at_start)] or [math.nan]
+    lines = [
+        "# Peak memory of the main command and the notebooks",
+        "",
+        "The peak, sampled twice a second, of the summed proportional set size (PSS: a page",
+        "shared by n processes counts 1/n in each) of each command's whole process tree: the",
+        "driver or notebook kernel, Dask nannies and workers, simulator processes. GB = 10^9 B.",
+        "",
+        markdown(rows),
+        "",
+        f"Machine: {facts['cores']} cores, {facts['ram_gb']} GB RAM, {facts['cpu']}; Linux "
+        f"{facts['kernel']}, Python {facts['python']}, torch {facts['torch']}.",
+        "",
+        f"The 1-minute load average as the targets started: {min(loads):.1f}–{max(loads):.1f}"
+        " (`memory.csv`); above the core count the machine was shared with other jobs. PSS"
+        " barely depends on that, wall time does: the time budget is judged on an idle machine.",
+        "",
+        "Measured by:",
+        "",
+        *[f"    {c}" for c in commands],
+        "",
+        "Each process's PSS at each target's peak: `breakdown.csv`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_folder(
+    out: Path,
+    rows: Sequence[Row],
+    peaks: dict[tuple[str, str], list[tuple[str, int]]],
+    command: str,
+) -> None:
+    """Merge ``rows`` (and each one's processes at the peak) into the folder ``out``: a target
+    and mode measured again replaces its earlier row; ``summary.md`` is written from all."""
+    out.mkdir(parents=True, exist_ok=True)
+    new = {(r.target, r.mode) for r in rows}
+    old = read_rows(out / "memory.csv") if (out / "memory.csv").exists() else []
+    merged = [r for r in old if (r.target, r.mode) not in new] + list(rows)
+    write_csv(merged, out / "memory.csv")
+    breakdown: list[list[str]] = []
+    if (out / "breakdown.csv").exists():
+        with open(out / "breakdown.csv", newline="") as fh:
+            breakdown = [r for r in list(csv.reader(fh))[1:] if (r[0], r[1]) not in new]
+    for (target, mode), processes in peaks.items():
+        breakdown += [[target, mode, name, f"{pss / GB:.4f}"] for name, pss in processes]
+    with open(out / "breakdown.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["target", "mode", "process", "pss_gb"])
+        writer.writerows(breakdown)
+    commands_file = out / "commands.txt"
+    commands = commands_file.read_text().splitlines() if commands_file.exists() else []
+    commands = [c for c in commands if c != command] + [command]
+    commands_file.write_text("\n".join(commands) + "\n")
+    facts = machine_facts()
+    (out / "machine.json").write_text(json.dumps(facts, indent=2) + "\n")
+    (out / "summary.md").write_text(summary_markdown(merged, facts, commands))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", help="reproduce and/or notebooks (default: all)")
@@ -376,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--breakdown", action="store_true", help="also print each process's PSS at the peak"
     )
+    parser.add_argument("--out", help="merge the rows into this folder (e.g. results/memory)")
     args = parser.parse_args(argv)
     if not math.isfinite(args.interval) or args.interval <= 0:
         parser.error("--interval must be a positive number of seconds")
@@ -387,16 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     where = machine()
     log(f"on {where}")
     rows = []
+    peaks: dict[tuple[str, str], list[tuple[str, int]]] = {}
     for target in targets:
         with tempfile.TemporaryDirectory(prefix=f"bench-memory-{target.name}-") as tmp:
             output = Path(tmp) / "output.log"
             log(f"measuring {target.name} ({args.mode}) ...")
+            load, at = os.getloadavg()[0], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             figures = measure(
                 target.command(args.mode, Path(tmp)), environment(args.mode), args.interval,
                 cwd=target.cwd(), output=output,
             )  # fmt: skip
-            row = to_row(target, args.mode, figures)
+            row = to_row(target, args.mode, figures, load, at)
             rows.append(row)
+            peaks[(target.name, args.mode)] = figures.get("at_peak", [])
             if args.breakdown:
                 log(f"{target.name} at its peak ({figures['peak_at']:.0f} s in):")
                 for name, pss in figures.get("at_peak", []):
@@ -424,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         write_csv(rows, args.csv)
         print(f"\nwritten to {args.csv}")
+    if args.out:
+        write_folder(Path(args.out), rows, peaks, command)
+        print(f"\nmerged into {args.out}/ (memory.csv, breakdown.csv, summary.md)")
     return 0
 
 

@@ -92,3 +92,24 @@ def test_targets_resolve_by_number_stem_or_path(bench):
     assert {t.name for t in bench.all_targets()} >= {"reproduce", "07_large_batch"}
     with pytest.raises(SystemExit):
         bench.resolve(["99"])
+
+
+def test_a_results_folder_merges_targets_and_replaces_one_measured_again(bench, tmp_path):
+    def row(target: str, pss: float, load: float) -> object:
+        return bench.Row(target, "quick", pss, pss + 0.1, pss / 2, 3, 12.0, 0, "—", 0, 0.0, 0,
+                         load, "2026-01-01T00:00:00Z")  # fmt: skip
+
+    first = [row("reproduce", 2.5, 3.0), row("07_large_batch", 0.8, 3.5)]
+    bench.write_folder(tmp_path, first, {("reproduce", "quick"): [("python", 10**9)]}, "cmd a")
+    again = [row("07_large_batch", 0.7, 1.0)]
+    bench.write_folder(tmp_path, again, {("07_large_batch", "quick"): [("kernel", 7 * 10**8)]},
+                       "cmd b")  # fmt: skip
+    rows = {r.target: r for r in bench.read_rows(tmp_path / "memory.csv")}
+    assert rows == {"reproduce": first[0], "07_large_batch": again[0]}  # read back exactly
+    breakdown = (tmp_path / "breakdown.csv").read_text().splitlines()
+    assert breakdown[1:] == ["reproduce,quick,python,1.0000", "07_large_batch,quick,kernel,0.7000"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| reproduce | quick | 2.50 |" in summary
+    assert "| 07_large_batch | quick | 0.70 |" in summary
+    assert "1.0–3.0" in summary and "    cmd a\n    cmd b\n" in summary
+    assert (tmp_path / "machine.json").exists()

@@ -19,8 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..analysis import TRAFFIC, method_label, traffic_table
-from ..config import ExperimentConfig
-from ..experiment import compare
+from ..config import ExperimentConfig, check_resources
+from ..experiment import check_data, compare
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KIND_COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#CCCCCC"}
@@ -63,13 +63,19 @@ def scaling_sweep(
         for label, changes in settings.items()
         for n in workers
     ]
-    results = compare([cfg for _, cfg in runs], progress=False)
+    for _, cfg in runs:  # every config checked before the first run starts, as compare() does
+        check_resources(cfg)
+        check_data(cfg)
     records = []
     for setting, cfg in runs:
-        frame = results.frame[results.frame["run"] == cfg.label]
+        # One run at a time, its weights (every worker's, 4.8 MB each for the CNN) dropped
+        # with it: the sweep reads the table and the timeline only.
+        results = compare([cfg], progress=False)
+        frame = results.frame
         train = frame[(frame["kind"] == "train") & (frame["rank"] == 0)]
         t0, t1 = train["time"].iloc[0], train["time"].iloc[-1]  # after step 1 .. last step
         tl = results.timeline(cfg.label)
+        del results
         tl = tl[(tl["rank"] == 0) & (tl["start"] >= t0) & (tl["end"] <= t1)]
         spent = (tl["end"] - tl["start"]).groupby(tl["kind"]).sum() / (len(train) - 1)
         records.append(

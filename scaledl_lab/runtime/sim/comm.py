@@ -22,6 +22,7 @@ from ..base import (
     tensor_bytes,
 )
 from ..collectives import allgather_bytes, ring_reduce_scatter_bytes
+from .mail import Sent
 
 
 @dataclass
@@ -112,30 +113,31 @@ class SimIncoming(Incoming):
     or marks it ``lost`` when the sender died without sending it.
 
     ``tensor`` None (a mailbox's receive): the message itself is handed out, a private copy
-    taken when it was sent, instead of being copied into a buffer of the receiver's."""
+    (:class:`~.mail.Sent`) taken when it was read, instead of being copied into a buffer of
+    the receiver's."""
 
     def __init__(self, comm: SimComm, tensor: torch.Tensor | None, src: int) -> None:
         self.comm, self.tensor, self.src = comm, tensor, src
-        self.message: tuple[float, torch.Tensor] | None = None
+        self.message: tuple[float, Sent] | None = None
         self.copied = False
         self.lost = False
 
-    def arrive(self, at: float, tensor: torch.Tensor) -> None:
-        """The message is sent while this receive is posted: copied straight into its buffer
-        (the receiver reads it only once it has arrived, at ``at``)."""
-        if self.tensor is None:
-            self.tensor = tensor.detach().clone()
-        else:
-            self.tensor.copy_(tensor.detach())
-        self.message, self.copied = (at, self.tensor), True
+    def arrive(self, at: float, sent: Sent) -> None:
+        """The message is sent while this receive is posted: a buffer gets it straight away
+        (the receiver reads it only once it has arrived, at ``at``); a mailbox's receive takes
+        it when it reads it."""
+        self.message = (at, sent)
+        if self.tensor is not None:
+            sent.read_into(self.tensor)
+            self.copied = True
 
     def _take(self) -> torch.Tensor:
         if not self.copied:
             assert self.message is not None
             if self.tensor is None:
-                self.tensor = self.message[1]  # already private: copied when it was sent
+                self.tensor = self.message[1].take()
             else:
-                self.tensor.copy_(self.message[1])
+                self.message[1].read_into(self.tensor)
             self.copied = True
         assert self.tensor is not None
         return self.tensor
@@ -166,8 +168,8 @@ class SimCall(Pending):
 
 
 class SimMailbox(Mailbox):
-    """Every message sent here is already a private copy (the simulator takes one when it is
-    sent), so each is handed out as it is: no buffer to allocate and copy it into."""
+    """Every message sent here is handed out as the simulator's private copy of it (see
+    :class:`~.mail.Sent`): no buffer to allocate and copy it into."""
 
     def _post(self) -> None:
         more = self.taken < self.total
@@ -270,7 +272,8 @@ class SimComm(Comm):
         return incoming
 
     def mailbox(self, src: int, like: torch.Tensor, total: int) -> Mailbox:
-        return SimMailbox(self, src, like, total)
+        # The simulator's messages need no buffer: keep no real template per neighbour.
+        return SimMailbox(self, src, like.to("meta"), total)
 
     @property
     def num_servers(self) -> int:

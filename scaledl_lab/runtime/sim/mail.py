@@ -8,12 +8,17 @@ neighbours flood the workers two hops away, which fall behind (2,518 gradients o
 6.7 GB, at the peak of ``reproduce --quick``'s straggler run, where a real cluster spreads them
 over 16 machines). Past ``SPILL_AFTER_BYTES`` a message is written to a file, byte for byte, and
 read back when it is received: the same numbers, a little disk time, bounded memory.
+
+A message sent to several neighbours (NNT's gradient, to 2 on a ring and 4 on a torus) is copied
+once (:class:`Sent`), not once per receiver: each receiver but the last takes its own copy only
+when it reads the message, so the queued messages of a send cost one gradient, not the degree's.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,65 @@ import torch
 from ..base import tensor_bytes
 
 SPILL_AFTER_BYTES = 512 << 20  # in-flight messages kept in memory; later ones go to disk
+
+
+class Sent:
+    """One private copy of a sent tensor, for every receiver of that send (``readers``).
+
+    A receiver may change what it reads (a gradient clipped in place), so each reader but the
+    last gets a copy of its own when it reads; the last one gets this copy."""
+
+    def __init__(self, tensor: torch.Tensor, *, private: bool = False, readers: int = 0) -> None:
+        self.tensor: torch.Tensor | None = tensor if private else tensor.detach().clone()
+        self.nbytes = tensor_bytes(tensor)
+        self.readers = readers
+        self.in_mail = 0  # entries of the mail that hold this copy in memory
+
+    def take(self) -> torch.Tensor:
+        """The message for one reader, to keep."""
+        assert self.tensor is not None, "every reader of this message has taken it"
+        self.readers -= 1
+        if self.readers > 0:
+            return self.tensor.clone()
+        tensor, self.tensor = self.tensor, None
+        return tensor
+
+    def read_into(self, buffer: torch.Tensor) -> None:
+        """The message, copied into a receiver's buffer."""
+        assert self.tensor is not None, "every reader of this message has taken it"
+        buffer.copy_(self.tensor)
+        self.release()
+
+    def release(self) -> None:
+        """One reader is done with this copy (it read it, or holds it elsewhere)."""
+        self.readers -= 1
+        if self.readers == 0:
+            self.tensor = None
+
+
+class Copies:
+    """Each sender's last :class:`Sent`: the same tensor sent again, unchanged (its version
+    counter the same), to another receiver shares that copy. The tensor is referenced weakly:
+    a sender's buffer lives no longer for it."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[weakref.ref[torch.Tensor], int, Sent]] = {}
+
+    def of(self, src: int, tensor: torch.Tensor) -> Sent:
+        """The copy of ``tensor`` for one more receiver."""
+        last = self._last.get(src)
+        if (
+            last is not None
+            and last[0]() is tensor
+            and last[1] == tensor._version
+            and last[2].tensor is not None
+        ):
+            sent = last[2]
+        else:
+            sent = Sent(tensor)
+            self._last[src] = (weakref.ref(tensor), tensor._version, sent)
+        sent.readers += 1
+        return sent
 
 
 @dataclass(frozen=True)
@@ -40,31 +104,35 @@ class Mail:
 
     def __init__(self, spill_after: int | None = None) -> None:
         self.spill_after = SPILL_AFTER_BYTES if spill_after is None else spill_after
-        self._boxes: dict[tuple[int, int], deque[tuple[float, torch.Tensor | Spilled]]] = (
-            defaultdict(deque)
-        )
-        self.held = 0  # bytes of the messages in memory
+        self._boxes: dict[tuple[int, int], deque[tuple[float, Sent | Spilled]]] = defaultdict(deque)
+        self.held = 0  # bytes of the messages in memory (a copy shared by receivers once)
         self.spilled = 0  # messages written to disk so far
         self._dir: Path | None = None
 
     def __contains__(self, pair: tuple[int, int]) -> bool:
         return bool(self._boxes.get(pair))
 
-    def put(self, src: int, dst: int, arrival: float, tensor: torch.Tensor) -> None:
-        """Keep a private copy of ``tensor`` (the sender may reuse its buffer)."""
-        size = tensor_bytes(tensor)
+    def put(self, src: int, dst: int, arrival: float, sent: Sent) -> None:
+        """Keep one reader's share of ``sent`` until ``dst`` takes it."""
+        size = 0 if sent.in_mail else sent.nbytes  # already in memory here: no more bytes
         if self.held + size <= self.spill_after:
             self.held += size
-            self._boxes[(src, dst)].append((arrival, tensor.detach().clone()))
+            sent.in_mail += 1
+            self._boxes[(src, dst)].append((arrival, sent))
         else:
-            self._boxes[(src, dst)].append((arrival, self._spill(tensor)))
+            assert sent.tensor is not None
+            spilled = self._spill(sent.tensor)
+            sent.release()  # this reader's share is the file now
+            self._boxes[(src, dst)].append((arrival, spilled))
 
-    def take(self, src: int, dst: int) -> tuple[float, torch.Tensor]:
-        """The oldest message from ``src`` to ``dst`` (there must be one)."""
+    def take(self, src: int, dst: int) -> tuple[float, Sent]:
+        """The oldest message from ``src`` to ``dst`` (there must be one), to be read once."""
         arrival, stored = self._boxes[(src, dst)].popleft()
         if isinstance(stored, Spilled):
-            return arrival, self._read(stored)
-        self.held -= tensor_bytes(stored)
+            return arrival, Sent(self._read(stored), private=True, readers=1)
+        stored.in_mail -= 1
+        if not stored.in_mail:
+            self.held -= stored.nbytes
         return arrival, stored
 
     def close(self) -> None:

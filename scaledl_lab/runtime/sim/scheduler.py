@@ -34,7 +34,7 @@ from .comm import (
     WaitRecv,
 )
 from .cost import CostModel, reduce_scatter_time
-from .mail import Mail
+from .mail import Copies, Mail
 from .servers import SimServers, _ServerState
 
 
@@ -74,6 +74,7 @@ class SimWorld(SimServers):
         self._collective: dict[tuple[int, ...] | None, dict[int, Collective]] = {}
         self._in_collective: set[int] = set()
         self._mail = Mail()  # sent, not yet received: spilled to disk past a memory budget
+        self._copies = Copies()  # one copy of a message, whatever the number of its receivers
         self._posted: dict[tuple[int, int], deque[SimIncoming]] = defaultdict(deque)
         self._waiting_recv: dict[int, SimIncoming] = {}
         self._waiting_call: dict[int, SimCall] = {}
@@ -160,12 +161,13 @@ class SimWorld(SimServers):
             raise RunError(f"rank {src} sent to rank {dst}, which is not a peer")
         if dst in self.dead:
             return  # nobody receives it
+        sent = self._copies.of(src, tensor)
         posted = self._posted[(src, dst)]
         if not posted:
-            self._mail.put(src, dst, arrival, tensor)
+            self._mail.put(src, dst, arrival, sent)
             return
         incoming = posted.popleft()
-        incoming.arrive(arrival, tensor)  # one copy, not a private one copied again later
+        incoming.arrive(arrival, sent)
         if self._waiting_recv.get(dst) is incoming:
             del self._waiting_recv[dst]
             self._wake_recv(incoming)

@@ -11,6 +11,7 @@ does, so communication overlaps the rest of backward).
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -100,8 +101,18 @@ class BucketedAllreduce:
         self.overlap = True
         self._timed: dict[bool, list[float]] = {True: [], False: []}
         self._steps = 0
+        # The hook holds the reducer weakly: a parameter's hooks live in C++, where Python's
+        # garbage collector cannot see the cycle parameter -> hook -> reducer -> parameter, so a
+        # strong one kept every run's replicas (models, gradients, buffers, its world) alive.
+        reducer = weakref.ref(self)
+
+        def on_grad_ready(p: torch.Tensor) -> None:
+            alive = reducer()
+            if alive is not None:
+                alive._on_grad_ready(p)
+
         for p in params:
-            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+            p.register_post_accumulate_grad_hook(on_grad_ready)
 
     def buffer_bytes(self) -> int:
         """The buckets' flat buffers (one parameter's bucket is its gradient: nothing more)."""

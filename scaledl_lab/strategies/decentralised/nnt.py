@@ -180,6 +180,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
     params = [p for p in model.parameters() if p.requires_grad]
     last = ctx.total_steps
     like = param_vector(params)
+    nbytes = like.numel() * like.element_size()
     codec = message_codec(ctx, params, copies=len(neighbours))  # None: uncompressed
     wire = codec.wire_like() if codec else like
     inbox: Inbox | Mailboxes
@@ -189,9 +190,9 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
     else:
         inbox = Inbox(comm, neighbours, wire, last, depth=lead + 1)
         outbox = Outbox(comm, neighbours, window=2 * lead + 1)
+    del like, wire  # templates of a message: a gradient's worth per worker, not kept for the run
     snapshots: list[tuple[int, float, torch.Tensor]] = []  # unbounded: (step, time, weights)
 
-    nbytes = like.numel() * like.element_size()
     shared = lead is None and codec is None  # fresh messages: apply() need not copy them
 
     async def apply(flat: torch.Tensor) -> None:
@@ -221,6 +222,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
         applied = await inbox.drain(apply, need=need, greedy=not lockstep and not final)
         if final:
             await outbox.flush()  # no message is left in flight
+            optimizer.zero_grad()  # the last message, which the gradients view, is not needed
         staleness = sum(step - 1 - m for m in applied) / len(applied) if applied else math.nan
         ctx.log_train(
             step,
