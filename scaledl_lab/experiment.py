@@ -16,12 +16,10 @@ from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, RunError
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
-from .strategies.large_batch.checks import check_data as check_large_batch_data
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
-from .training.faults import check_fault_steps
-from .training.launch import RowsCallback
+from .training.launch import RowsCallback, check_data
 from .training.launch import execute as execute_run
-from .training.worker import load_for, steps_per_epoch_of, total_steps
+from .training.worker import steps_per_epoch_of, total_steps
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -201,25 +199,6 @@ def _unique_labels(configs: Sequence[ExperimentConfig]) -> list[str]:
     return labels
 
 
-def check_data(cfg: ExperimentConfig) -> None:
-    """Locate the data (a missing dataset fails with the fetch instructions) and check that
-    every worker gets at least one full batch."""
-    n = len(load_for(cfg).train)
-    if cfg.workers > n:
-        raise ConfigError(
-            f"workers={cfg.workers} exceeds the {n} training samples of "
-            f"{cfg.dataset}: every worker needs a shard"
-        )
-    if n // cfg.workers < cfg.batch_size:
-        raise ConfigError(
-            f"each of the {cfg.workers} workers gets {n // cfg.workers} training "
-            f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
-            "batch, fewer workers or more data"
-        )
-    check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
-    check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
-
-
 def compare(
     configs: Sequence[ExperimentConfig],
     *,
@@ -231,6 +210,7 @@ def compare(
     log: Callable[[str], None] | None = print,
     security: Any = None,
     resume: int | None = None,
+    weights: bool = True,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
@@ -239,7 +219,8 @@ def compare(
     :func:`scaledl_lab.runtime.dask.cluster.connect`).
     ``resume`` (:func:`scaledl_lab.training.resume.resume`): one config continues from the
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
-    to the table.
+    to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
+    holds only its tables: ``state_dict``, ``weights`` and ``sharpness`` have nothing to read).
     """
     from .runtime.dask.cluster import connect
 
@@ -306,7 +287,10 @@ def compare(
             try:
                 point = (str(out_dir.resolve()), resume) if resume is not None else None
                 outcome = execute_run(cfg, label, collect, client=client, resume=point)
-                outputs[label] = outcome.results
+                outputs[label] = [
+                    o if weights else {k: v for k, v in o.items() if k != "state_dict"}
+                    for o in outcome.results
+                ]
                 if outcome.events is not None:
                     timelines[label] = outcome.events
             except RunError as exc:

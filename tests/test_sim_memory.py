@@ -145,3 +145,19 @@ def test_a_finished_run_keeps_no_replica_alive(strategy):
     results = run(cfg, progress=False, log=None)
     assert alive() == before and before[0] == 0
     assert len(results.outputs[cfg.label]) == cfg.workers  # the final weights are kept
+
+
+def test_weights_false_keeps_the_tables_and_no_model():
+    """A sweep of large models may keep only its tables: the same rows and per-rank outputs,
+    without any rank's final parameters (what notebook 06's ResNet-18 sweeps do)."""
+    cfg = ExperimentConfig(
+        strategy="gpipe", runtime="sim", workers=2, micro_batches=2, dataset="fashion-mnist",
+        model="mlp", batch_size=8, train_subset=64, val_size=0, test_subset=32, max_steps=3,
+    )  # fmt: skip
+    kept, dropped = run(cfg, progress=False), run(cfg, progress=False, weights=False)
+    pd.testing.assert_frame_equal(kept.frame, dropped.frame)
+    pd.testing.assert_frame_equal(kept.events, dropped.events)
+    for full, light in zip(kept.outputs[cfg.label], dropped.outputs[cfg.label], strict=True):
+        assert "state_dict" in full and "state_dict" not in light
+        assert {k: v for k, v in full.items() if k != "state_dict"} == light
+    assert dropped.weights() == {}

@@ -20,7 +20,8 @@ from matplotlib.patches import Patch
 
 from ..analysis import TRAFFIC, method_label, traffic_table
 from ..config import ExperimentConfig, check_resources
-from ..experiment import check_data, compare
+from ..experiment import compare
+from ..training.launch import check_data
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KIND_COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#CCCCCC"}

@@ -17,13 +17,16 @@ from typing import Any
 import torch
 
 from ..config import ExperimentConfig
+from ..errors import ConfigError
 from ..metrics import Row, record
 from ..models import model_flops
 from ..runtime.base import Comm, Emit, Launch, Outcome
 from ..runtime.sim.cost import Stragglers, build_cost_model
 from ..strategies import Strategy, get_strategy
+from ..strategies.large_batch.checks import check_data as check_large_batch_data
 from .checkpoint import load_rank, load_servers
-from .worker import Program, WorkerContext, load_for
+from .faults import check_fault_steps
+from .worker import Program, WorkerContext, load_for, total_steps
 
 RowsCallback = Callable[[list[dict[str, Any]]], None]
 
@@ -160,3 +163,22 @@ def server_rows(
         )
         for i, s in enumerate(stats)
     ]
+
+
+def check_data(cfg: ExperimentConfig) -> None:
+    """Locate the data (a missing dataset fails with the fetch instructions) and check that
+    every worker gets at least one full batch."""
+    n = len(load_for(cfg).train)
+    if cfg.workers > n:
+        raise ConfigError(
+            f"workers={cfg.workers} exceeds the {n} training samples of "
+            f"{cfg.dataset}: every worker needs a shard"
+        )
+    if n // cfg.workers < cfg.batch_size:
+        raise ConfigError(
+            f"each of the {cfg.workers} workers gets {n // cfg.workers} training "
+            f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
+            "batch, fewer workers or more data"
+        )
+    check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
+    check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
