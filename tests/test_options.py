@@ -79,7 +79,8 @@ def test_every_committed_config_json_reads_back_to_the_same_flat_keys():
         assert {k: flat[k] for k in saved} == saved, path  # newer fields: their defaults
 
 
-def test_python_and_the_cli_give_one_nnt_config():
+def test_python_and_the_cli_give_one_nnt_config(monkeypatch):
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)  # the CLI would apply quick mode
     argv = ["run", "--strategy", "nnt", "--runtime", "sim", "--workers", "4"]
     from_cli = _config_from_args(_parser().parse_args(argv))
     from_python = ExperimentConfig(strategy="nnt", runtime="sim", workers=4)
