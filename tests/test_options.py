@@ -26,6 +26,13 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 NNT = dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=1e-4)  # the paper's
 
 
+@pytest.fixture(autouse=True)
+def _outside_quick_mode(monkeypatch):
+    """The CLI applies quick mode (``SCALEDL_QUICK=1``, under which the suite runs); these tests
+    compare the configs it builds with Python's, so they run outside it."""
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+
+
 def test_a_family_option_is_a_keyword_and_an_attribute():
     cfg = ExperimentConfig(strategy="ps-async", servers=2, compress="qsgd:4")
     assert (cfg.servers, cfg.compress, cfg.n_push) == (2, "qsgd:4", 1)
@@ -79,8 +86,7 @@ def test_every_committed_config_json_reads_back_to_the_same_flat_keys():
         assert {k: flat[k] for k in saved} == saved, path  # newer fields: their defaults
 
 
-def test_python_and_the_cli_give_one_nnt_config(monkeypatch):
-    monkeypatch.delenv("SCALEDL_QUICK", raising=False)  # the CLI would apply quick mode
+def test_python_and_the_cli_give_one_nnt_config():
     argv = ["run", "--strategy", "nnt", "--runtime", "sim", "--workers", "4"]
     from_cli = _config_from_args(_parser().parse_args(argv))
     from_python = ExperimentConfig(strategy="nnt", runtime="sim", workers=4)
