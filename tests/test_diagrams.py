@@ -43,3 +43,14 @@ def test_workers_axis_labels_every_power_of_two_once():
     workers_axis(ax, [1, 2, 4, 8, 16])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
     assert ax.get_xscale() == "log"
+
+
+def test_zero_diagram_fills_what_each_stage_keeps():
+    from matplotlib.patches import Rectangle
+
+    n = 4
+    for stage in range(4):
+        ax = diagrams.zero_diagram(stage, n, ax=Figure().subplots())
+        filled = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_label()]
+        whole = 3 - stage  # states kept whole: the first 3 - stage of params, grads, optimiser
+        assert len(filled) == n * (whole * n + stage), stage

@@ -230,3 +230,36 @@ def topology_diagram(spec: str = "ring", workers: int = 8, what: str = "gradient
     ax.set_title(f"{spec}, {workers} workers: each sends its {what}\n"
                  f"to its {degree} neighbours{wrap}", fontsize=10)  # fmt: skip
     return ax
+
+
+ZERO_STATES = ("parameters", "gradients", "optimiser state")
+
+
+def zero_diagram(stage: int, workers: int = 4, ax=None):
+    """What each worker holds of the model states at ZeRO stage ``stage`` (0: data
+    parallelism): each state a row of ``workers`` chunks, filled where the worker keeps it.
+    Stage s shards the last s of parameters, gradients and optimiser state (Rajbhandari et al.
+    2020, Figure 1)."""
+    if not 0 <= stage <= 3:
+        raise ValueError(f"stage must be 0 (data parallelism) to 3, not {stage}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 * workers + 1.5, 1.6))
+    width, gap = 1.6, 0.35
+    for w in range(workers):
+        x0 = w * (width + gap)
+        ax.text(x0 + width / 2, 0.55, f"rank {w}", ha="center", fontsize=8)
+        for c, name in enumerate(ZERO_STATES):
+            sharded = c >= 3 - stage
+            for k in range(workers):
+                held = not sharded or k == w
+                ax.add_patch(plt.Rectangle(
+                    (x0 + k * width / workers, -c * 0.5), width / workers, 0.38,
+                    facecolor=f"C{c}" if held else "white", edgecolor="#999999",
+                    linewidth=0.6, label=name if held else None))  # fmt: skip
+    for c, name in enumerate(ZERO_STATES):
+        ax.text(-0.1, -c * 0.5 + 0.19, name, ha="right", va="center", fontsize=8)
+    ax.set(xlim=(-1.6, workers * (width + gap)), ylim=(-1.1, 0.8))
+    ax.set_axis_off()
+    title = "data parallelism (allreduce)" if stage == 0 else f"zero{stage}"
+    ax.set_title(f"{title}: filled chunks are what each worker holds", fontsize=9)
+    return ax
