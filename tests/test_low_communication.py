@@ -423,7 +423,7 @@ def test_the_committed_study_summary_renders_from_its_runs():
 
     from scaledl_lab.strategies.low_communication import study
 
-    out = Path(__file__).resolve().parents[1] / "results" / "low-communication"
+    out = Path(__file__).resolve().parents[1] / "results" / "diloco"
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs.seed.unique()) == list(study.SEEDS)
     assert len(runs) == len(study.study_configs())

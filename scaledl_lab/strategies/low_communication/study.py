@@ -7,7 +7,8 @@ The setting: 8 simulated workers, Fashion-MNIST (55,000 training samples, one ep
 batch 16 per worker (453 steps per worker), AdamW 1e-3 with decay 0.01 as every run's (inner)
 optimiser, seeds 0-2. H ∈ {1, 10, 50, 100, 500}: H = 500 exceeds the run, whose only round is
 then its closing one (one average at the end). Quick mode keeps the grid on a 4000-sample
-subset (31 steps). ``python -m scaledl_lab.strategies.low_communication.study --out DIR``.
+subset (31 steps). ``python -m scaledl_lab.strategies.low_communication.study`` writes
+results/diloco/ (``--out DIR`` elsewhere).
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def write_summary(out: str | os.PathLike[str], runs: pd.DataFrame) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="results/diloco")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--summary", action="store_true", help="only summarise OUT/runs.csv")
     args = parser.parse_args(argv)
