@@ -43,3 +43,11 @@ def test_workers_axis_labels_every_power_of_two_once():
     workers_axis(ax, [1, 2, 4, 8, 16])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
     assert ax.get_xscale() == "log"
+
+
+def test_diloco_diagram_chains_h_inner_steps_per_worker_into_one_allreduce():
+    ax = diagrams.diloco_diagram(workers=3, inner_steps=4, ax=Figure().subplots())
+    # per worker: H arrows along its inner steps and one to the allreduce; then the outer step
+    # and the way back to every worker's start
+    assert _arrows(ax) == 3 * (4 + 1) + 2
+    assert "H = 4" in ax.get_title()
