@@ -418,6 +418,27 @@ def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
     assert row.time_s == res.frame.time.max()
 
 
+def test_the_study_curves_put_each_evaluation_at_its_bytes_and_time():
+    from matplotlib.figure import Figure
+
+    from scaledl_lab.strategies.low_communication import study
+
+    cfg = ExperimentConfig(strategy="diloco", runtime="sim", sync_period=5,
+                           name="diloco H=5", **{**BASE, "epochs": 2})  # fmt: skip
+    res = study.run_study(configs=[cfg])
+    points = study.curves(res.frame)
+    tests = res.frame.query("kind == 'test'")
+    train = res.frame.query("kind == 'train' and rank == 0").sort_values("step")
+    assert list(points.epoch) == sorted(tests.epoch.unique())  # the start and every epoch
+    assert points.bytes_sent.iloc[0] == 0 and points.bytes_sent.is_monotonic_increasing
+    assert points.bytes_sent.iloc[-1] == train.bytes_sent.sum()  # the workers send alike
+    assert list(points.time) == list(tests.groupby("epoch").time.max())
+    assert (points.lo == points.accuracy).all()  # one global model evaluated
+    ax = Figure().subplots()
+    study.plot_curves(points, "bytes_sent", ax)
+    assert ax.get_xscale() == "log" and len(ax.get_lines()[0].get_xdata()) == len(points) - 1
+
+
 def test_the_committed_study_summary_renders_from_its_runs():
     from pathlib import Path
 

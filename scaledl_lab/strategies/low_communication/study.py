@@ -91,6 +91,42 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
+def curves(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each test evaluation of each run: the mean accuracy over the models evaluated (the
+    global one, or every NNT worker's own) with its min and max, the virtual time it was taken
+    at, and the bytes one worker had sent by then (cumulative, mean over the workers)."""
+    records = []
+    for run, rows in frame.groupby("run", sort=False):
+        sent = rows[rows.kind == "train"].groupby("step").bytes_sent.mean().sort_index().cumsum()
+        for epoch, tests in rows[rows.kind == "test"].groupby("epoch", sort=True):
+            before = sent[sent.index <= tests.step.max()]
+            records.append({
+                "run": run, "epoch": float(epoch), "accuracy": float(tests.accuracy.mean()),
+                "lo": float(tests.accuracy.min()), "hi": float(tests.accuracy.max()),
+                "time": float(tests.time.max()),
+                "bytes_sent": float(before.iloc[-1]) if len(before) else 0.0,
+            })  # fmt: skip
+    return pd.DataFrame(records)
+
+
+def plot_curves(points: pd.DataFrame, x: str, ax, runs: list[str] | None = None) -> None:
+    """Test accuracy against ``x`` (``bytes_sent`` or ``time``, log scale, from the first
+    evaluation after training started) from :func:`curves`; a band where several models were
+    evaluated. A run keeps its colour whichever subset ``runs`` picks."""
+    names = list(dict.fromkeys(points.run))
+    for run in runs or names:
+        rows = points[(points.run == run) & (points[x] > 0)]
+        colour = f"C{names.index(run)}"
+        ax.plot(rows[x], rows.accuracy, marker="o", ms=3, color=colour, label=run)
+        if (rows.hi > rows.lo).any():
+            ax.fill_between(rows[x], rows.lo, rows.hi, color=colour, alpha=0.15)
+    ax.set_xscale("log")
+    ax.set_xlabel({"bytes_sent": "bytes one worker sent (cumulative)",
+                   "time": "virtual time (s)"}.get(x, x))  # fmt: skip
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+
+
 def spread(runs: pd.DataFrame) -> pd.DataFrame:
     """Mean and sample standard deviation over seeds, per ``what``."""
     grouped = runs.groupby("what", sort=False)
