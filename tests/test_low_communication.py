@@ -416,6 +416,9 @@ def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
     assert row.peak_bytes == train.query("step < 20").bytes_sent.max()  # not the closing round
     assert row.peak_bytes < train.bytes_sent.max()
     assert row.time_s == res.frame.time.max()
+    renamed = res.frame.assign(run="streaming on the wan")
+    (row,) = study.table(renamed).itertuples()
+    assert (row.what, row.seed) == ("streaming on the wan", None)
 
 
 def test_the_study_curves_put_each_evaluation_at_its_bytes_and_time():

@@ -75,14 +75,16 @@ def run_study(out: str | os.PathLike[str] | None = None, is_quick: bool = False,
 def table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per run: final test accuracy, bytes per worker per step, the largest bytes of
     one step before the last (peak per synchronisation: the closing round sends every
-    fragment at once), virtual seconds to the end; ``what`` and ``seed``."""
+    fragment at once), virtual seconds to the end; ``what`` and ``seed`` (from a name ``what ·
+    seed S``; another name is the whole ``what``, with no seed)."""
     records = []
     for run, rows in frame.groupby("run", sort=False):
         train = rows[rows.kind == "train"]
         per_rank = train.groupby("rank").bytes_sent
+        what, named, seed = str(run).rpartition(" · seed ")
         records.append({
-            "what": str(run).rpartition(" · seed ")[0],
-            "seed": int(str(run).rpartition(" · seed ")[2]),
+            "what": what if named else str(run),  # a name without " · seed S": the whole name
+            "seed": int(seed) if named else None,
             "test_accuracy": float(rows[rows.kind == "test"].accuracy.iloc[-1]),
             "bytes_per_step": float(per_rank.sum().mean() / train.step.max()),
             "peak_bytes": float(train[train.step < train.step.max()].bytes_sent.max()),
