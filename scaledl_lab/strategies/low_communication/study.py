@@ -111,18 +111,23 @@ def curves(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def plot_curves(points: pd.DataFrame, x: str, ax, runs: list[str] | None = None) -> None:
-    """Test accuracy against ``x`` (``bytes_sent`` or ``time``, log scale, from the first
-    evaluation after training started) from :func:`curves`; a band where several models were
-    evaluated. A run keeps its colour whichever subset ``runs`` picks."""
-    names = list(dict.fromkeys(points.run))
-    for run in runs or names:
-        rows = points[(points.run == run) & (points[x] > 0)]
-        colour = f"C{names.index(run)}"
-        ax.plot(rows[x], rows.accuracy, marker="o", ms=3, color=colour, label=run)
+def plot_curves(points: pd.DataFrame, x: str, ax, runs: list[str] | None = None,
+                labels: list[str] | None = None) -> None:  # fmt: skip
+    """Test accuracy against ``x`` (``bytes_sent`` or ``time``, log scale) from :func:`curves`,
+    from the first evaluation after training started; a band where several models were
+    evaluated. The i-th of ``runs`` (default: all) takes colour Ci and the i-th of ``labels``,
+    so that panels of different runs of the same methods match."""
+    from matplotlib.ticker import NullFormatter
+
+    runs = runs or list(dict.fromkeys(points.run))
+    for i, run in enumerate(runs):
+        rows = points[(points.run == run) & (points.epoch > 0) & (points[x] > 0)]
+        label = labels[i] if labels else run
+        ax.plot(rows[x], rows.accuracy, marker="o", ms=3, color=f"C{i}", label=label)
         if (rows.hi > rows.lo).any():
-            ax.fill_between(rows[x], rows.lo, rows.hi, color=colour, alpha=0.15)
+            ax.fill_between(rows[x], rows.lo, rows.hi, color=f"C{i}", alpha=0.15)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels collide
     ax.set_xlabel({"bytes_sent": "bytes one worker sent (cumulative)",
                    "time": "virtual time (s)"}.get(x, x))  # fmt: skip
     ax.set_ylabel("test accuracy")
