@@ -54,3 +54,11 @@ def test_zero_diagram_fills_what_each_stage_keeps():
         filled = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_label()]
         whole = 3 - stage  # states kept whole: the first 3 - stage of params, grads, optimiser
         assert len(filled) == n * (whole * n + stage), stage
+
+
+def test_diloco_diagram_chains_h_inner_steps_per_worker_into_one_allreduce():
+    ax = diagrams.diloco_diagram(workers=3, inner_steps=4, ax=Figure().subplots())
+    # per worker: H arrows along its inner steps and one to the allreduce; then the outer step
+    # and the way back to every worker's start
+    assert _arrows(ax) == 3 * (4 + 1) + 2
+    assert "H = 4" in ax.get_title()

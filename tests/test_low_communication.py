@@ -416,6 +416,30 @@ def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
     assert row.peak_bytes == train.query("step < 20").bytes_sent.max()  # not the closing round
     assert row.peak_bytes < train.bytes_sent.max()
     assert row.time_s == res.frame.time.max()
+    renamed = res.frame.assign(run="streaming on the wan")
+    (row,) = study.table(renamed).itertuples()
+    assert (row.what, row.seed) == ("streaming on the wan", None)
+
+
+def test_the_study_curves_put_each_evaluation_at_its_bytes_and_time():
+    from matplotlib.figure import Figure
+
+    from scaledl_lab.strategies.low_communication import study
+
+    cfg = ExperimentConfig(strategy="diloco", runtime="sim", sync_period=5,
+                           name="diloco H=5", **{**BASE, "epochs": 2})  # fmt: skip
+    res = study.run_study(configs=[cfg])
+    points = study.curves(res.frame)
+    tests = res.frame.query("kind == 'test'")
+    train = res.frame.query("kind == 'train' and rank == 0").sort_values("step")
+    assert list(points.epoch) == sorted(tests.epoch.unique())  # the start and every epoch
+    assert points.bytes_sent.iloc[0] == 0 and points.bytes_sent.is_monotonic_increasing
+    assert points.bytes_sent.iloc[-1] == train.bytes_sent.sum()  # the workers send alike
+    assert list(points.time) == list(tests.groupby("epoch").time.max())
+    assert (points.lo == points.accuracy).all()  # one global model evaluated
+    ax = Figure().subplots()
+    study.plot_curves(points, "bytes_sent", ax)
+    assert ax.get_xscale() == "log" and len(ax.get_lines()[0].get_xdata()) == len(points) - 1
 
 
 def test_the_committed_study_summary_renders_from_its_runs():
@@ -423,7 +447,7 @@ def test_the_committed_study_summary_renders_from_its_runs():
 
     from scaledl_lab.strategies.low_communication import study
 
-    out = Path(__file__).resolve().parents[1] / "results" / "low-communication"
+    out = Path(__file__).resolve().parents[1] / "results" / "diloco"
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs.seed.unique()) == list(study.SEEDS)
     assert len(runs) == len(study.study_configs())

@@ -136,6 +136,39 @@ def compression_diagram(workers: int = 2, ax=None):
     return ax
 
 
+def diloco_diagram(workers: int = 3, inner_steps: int = 3, ax=None):
+    """DiLoCo's round: every worker starts from the global weights θ, takes H inner steps alone
+    with its own optimiser, then one allreduce averages the outer gradients Δ = θ − θ_i and the
+    outer optimiser (Nesterov) steps θ; every worker goes on from the new θ."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.7 * inner_steps + 7.5, 1.05 * workers + 1.4))
+    middle, gap = -0.5 * (workers - 1), 1.7
+    end = 2.0 + gap * inner_steps  # where the arrows to the allreduce start
+    for w in range(workers):
+        y = -1.0 * w
+        _box(ax, 0, y, f"rank {w}: θ{w} ← θ", width=1.4, height=0.6)
+        for k in range(inner_steps):
+            x = 1.9 + gap * k
+            _arrow(ax, (x - gap + 0.66 if k else 0.76, y), (x - 0.66, y), FORWARD)
+            _box(ax, x, y, f"inner step {k + 1}\n(own AdamW)", width=1.2, height=0.6)
+        _arrow(ax, (end - 0.9, y), (end + 0.55, middle), COLLECTIVE)
+    ax.text(end - 0.2, -1.0 * workers + 0.55, "outer gradients θ − θᵢ", fontsize=8,
+            color=COLLECTIVE, ha="center")  # fmt: skip
+    _box(ax, end + 1.45, middle, "allreduce:\nΔ = mean(θ − θᵢ)", width=1.7, height=0.9)
+    _box(ax, end + 3.75, middle, "outer step\nθ ← θ − η(Δ + μv)", width=1.9, height=0.9)
+    _arrow(ax, (end + 2.35, middle), (end + 2.75, middle), BACKWARD)
+    top = 0.75  # the new θ goes back above the rows, to every worker's next round
+    ax.plot([end + 3.75, end + 3.75, 0.0], [middle + 0.5, top, top], color=BACKWARD, lw=1.5)
+    _arrow(ax, (0.0, top), (0.0, 0.36), BACKWARD)
+    ax.text(end / 2 + 1.5, top + 0.05, "θ, the same on every worker: the next round starts from it",
+            fontsize=8, color=BACKWARD, ha="center", va="bottom")  # fmt: skip
+    ax.set(xlim=(-0.9, end + 4.85), ylim=(-1.0 * workers + 0.3, top + 0.45))
+    ax.set_axis_off()
+    ax.set_title(f"DiLoCo: H = {inner_steps} inner steps alone, then one allreduce and one outer "
+                 "step per round (local SGD: η = 1, μ = 0)")  # fmt: skip
+    return ax
+
+
 def _ring_positions(count: int, radius: float = 1.6) -> list[tuple[float, float]]:
     angles = [math.pi / 2 - 2 * math.pi * k / count for k in range(count)]  # clockwise from top
     return [(radius * math.cos(a), radius * math.sin(a)) for a in angles]

@@ -7,7 +7,8 @@ The setting: 8 simulated workers, Fashion-MNIST (55,000 training samples, one ep
 batch 16 per worker (453 steps per worker), AdamW 1e-3 with decay 0.01 as every run's (inner)
 optimiser, seeds 0-2. H ∈ {1, 10, 50, 100, 500}: H = 500 exceeds the run, whose only round is
 then its closing one (one average at the end). Quick mode keeps the grid on a 4000-sample
-subset (31 steps). ``python -m scaledl_lab.strategies.low_communication.study --out DIR``.
+subset (31 steps). ``python -m scaledl_lab.strategies.low_communication.study`` writes
+results/diloco/ (``--out DIR`` elsewhere).
 """
 
 from __future__ import annotations
@@ -74,20 +75,63 @@ def run_study(out: str | os.PathLike[str] | None = None, is_quick: bool = False,
 def table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per run: final test accuracy, bytes per worker per step, the largest bytes of
     one step before the last (peak per synchronisation: the closing round sends every
-    fragment at once), virtual seconds to the end; ``what`` and ``seed``."""
+    fragment at once), virtual seconds to the end; ``what`` and ``seed`` (from a name ``what ·
+    seed S``; another name is the whole ``what``, with no seed)."""
     records = []
     for run, rows in frame.groupby("run", sort=False):
         train = rows[rows.kind == "train"]
         per_rank = train.groupby("rank").bytes_sent
+        what, named, seed = str(run).rpartition(" · seed ")
         records.append({
-            "what": str(run).rpartition(" · seed ")[0],
-            "seed": int(str(run).rpartition(" · seed ")[2]),
+            "what": what if named else str(run),  # a name without " · seed S": the whole name
+            "seed": int(seed) if named else None,
             "test_accuracy": float(rows[rows.kind == "test"].accuracy.iloc[-1]),
             "bytes_per_step": float(per_rank.sum().mean() / train.step.max()),
             "peak_bytes": float(train[train.step < train.step.max()].bytes_sent.max()),
             "time_s": float(rows.time.max()),
         })  # fmt: skip
     return pd.DataFrame(records)
+
+
+def curves(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each test evaluation of each run: the mean accuracy over the models evaluated (the
+    global one, or every NNT worker's own) with its min and max, the virtual time it was taken
+    at, and the bytes one worker had sent by then (cumulative, mean over the workers)."""
+    records = []
+    for run, rows in frame.groupby("run", sort=False):
+        sent = rows[rows.kind == "train"].groupby("step").bytes_sent.mean().sort_index().cumsum()
+        for epoch, tests in rows[rows.kind == "test"].groupby("epoch", sort=True):
+            before = sent[sent.index <= tests.step.max()]
+            records.append({
+                "run": run, "epoch": float(epoch), "accuracy": float(tests.accuracy.mean()),
+                "lo": float(tests.accuracy.min()), "hi": float(tests.accuracy.max()),
+                "time": float(tests.time.max()),
+                "bytes_sent": float(before.iloc[-1]) if len(before) else 0.0,
+            })  # fmt: skip
+    return pd.DataFrame(records)
+
+
+def plot_curves(points: pd.DataFrame, x: str, ax, runs: list[str] | None = None,
+                labels: list[str] | None = None) -> None:  # fmt: skip
+    """Test accuracy against ``x`` (``bytes_sent`` or ``time``, log scale) from :func:`curves`,
+    from the first evaluation after training started; a band where several models were
+    evaluated. The i-th of ``runs`` (default: all) takes colour Ci and the i-th of ``labels``,
+    so that panels of different runs of the same methods match."""
+    from matplotlib.ticker import NullFormatter
+
+    runs = runs or list(dict.fromkeys(points.run))
+    for i, run in enumerate(runs):
+        rows = points[(points.run == run) & (points.epoch > 0) & (points[x] > 0)]
+        label = labels[i] if labels else run
+        ax.plot(rows[x], rows.accuracy, marker="o", ms=3, color=f"C{i}", label=label)
+        if (rows.hi > rows.lo).any():
+            ax.fill_between(rows[x], rows.lo, rows.hi, color=f"C{i}", alpha=0.15)
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels collide
+    ax.set_xlabel({"bytes_sent": "bytes one worker sent (cumulative)",
+                   "time": "virtual time (s)"}.get(x, x))  # fmt: skip
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
 
 
 def spread(runs: pd.DataFrame) -> pd.DataFrame:
@@ -184,7 +228,7 @@ def write_summary(out: str | os.PathLike[str], runs: pd.DataFrame) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="results/diloco")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--summary", action="store_true", help="only summarise OUT/runs.csv")
     args = parser.parse_args(argv)
