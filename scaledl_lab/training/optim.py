@@ -36,6 +36,17 @@ def trust_ratio(weight_norm: torch.Tensor, update_norm: torch.Tensor, coefficien
     return torch.where(ok, coefficient * weight_norm / update_norm, torch.ones_like(weight_norm))
 
 
+def adam_moments(state: dict[str, Any], p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Adam's first and second moments of ``p`` (zeros at its first step) and the step count,
+    advanced by one: the state LAMB and AdamW share, under ``torch.optim.Adam``'s names."""
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p)
+        state["exp_avg_sq"] = torch.zeros_like(p)
+    state["step"] += 1
+    return state["exp_avg"], state["exp_avg_sq"], state["step"]
+
+
 class LARS(Optimizer):
     """SGD with momentum whose per-layer step is scaled by η·||w|| / (||g|| + β·||w||).
 
@@ -113,14 +124,7 @@ class LAMB(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m, v, t = adam_moments(self.state[p], p)
                 m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 m_hat = m / (1 - beta1**t)
@@ -165,14 +169,7 @@ class AdamW(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m, v, t = adam_moments(self.state[p], p)
                 p.mul_(1 - lr * group["weight_decay"])  # decoupled: not through m and v
                 m.lerp_(p.grad, 1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
