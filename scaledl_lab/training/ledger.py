@@ -115,19 +115,23 @@ class SavedTensors:
         self.bytes.peak = self.bytes.now
 
     @contextlib.contextmanager
-    def counting(self, model: nn.Module | None) -> Iterator[None]:
+    def counting(self, model: nn.Module | None, *, params_move: bool = False) -> Iterator[None]:
         """Count what autograd saves inside (``model``'s parameters excepted; None: count
         nothing). Never across an ``await``: the hooks are one stack per thread, and the
-        simulator runs every worker's program on one thread."""
+        simulator runs every worker's program on one thread. ``params_move``: the parameters'
+        storage may change inside (ZeRO-3 gathers and frees each layer's), so it is asked at
+        every saved tensor instead of once."""
         if model is None:
             yield
             return
 
-        def own() -> set[int]:  # asked each time: a ZeRO-3 layer's storage comes and goes
+        def own() -> set[int]:
             return {p.untyped_storage().data_ptr() for p in model.parameters()}
 
+        fixed = None if params_move else own()
+
         def pack(tensor: torch.Tensor) -> Any:
-            return self._pack(tensor, own())
+            return self._pack(tensor, own() if fixed is None else fixed)
 
         def unpack(saved: Any) -> torch.Tensor:
             return saved.tensor if isinstance(saved, _Saved) else saved

@@ -96,7 +96,7 @@ class ShardedModel:
         for unit in self.units.values():
             unit.keep_full_grads()
         async with self.comm.compute(len(y)):
-            with self.saved.counting(self.model):
+            with self.saved.counting(self.model, params_move=True):
                 out = self.model(x)
                 loss = F.cross_entropy(out, y)
                 loss.backward()
@@ -121,14 +121,14 @@ class ShardedModel:
             needs_grad = needs_grad or unit is not None
             async with self.comm.compute(len(y), share=_share(self.layers, i) / 3):
                 no_grad = torch.no_grad() if recompute else contextlib.nullcontext()
-                with no_grad, self.saved.counting(self.model):
+                with no_grad, self.saved.counting(self.model, params_move=True):
                     out = layer(inp)
             if stage3 and unit is not None:
                 unit.free(self.buffers)
             saved.append((self.saved.keep(inp) if recompute else inp, None if recompute else out))
             h = out
         logits = h
-        with self.saved.counting(self.model):
+        with self.saved.counting(self.model, params_move=True):
             loss = F.cross_entropy(logits, y) if not recompute else None
         del h  # with recompute, the checkpoints hold the layers' inputs, nothing else
         grad: torch.Tensor | None = None
@@ -142,7 +142,7 @@ class ShardedModel:
                 await unit.gather(self.comm, self.buffers)
             backward = 2 / 3 + (1 / 3 if recompute else 0.0)  # and its forward again
             async with self.comm.compute(len(y), share=_share(self.layers, i) * backward):
-                with self.saved.counting(self.model):
+                with self.saved.counting(self.model, params_move=True):
                     if out is None:  # recompute: run the layer again, statistics untouched
                         with _buffers_kept(layer):
                             out = layer(inp)
