@@ -161,3 +161,39 @@ def test_weights_false_keeps_the_tables_and_no_model():
         assert "state_dict" in full and "state_dict" not in light
         assert {k: v for k, v in full.items() if k != "state_dict"} == light
     assert dropped.weights() == {}
+
+
+# NNT with a lead bound posts lead + 1 receives per neighbour: buffers that wait for a message.
+BOUNDED = ExperimentConfig(
+    strategy="nnt", runtime="sim", workers=9, topology="torus:3x3", dataset="fashion-mnist",
+    model="mlp", batch_size=16, train_subset=9 * 16 * 6, val_size=64, test_subset=128,
+    optimizer="adagrad", lr=0.01, stragglers="slow:4:3", nnt_max_lead=2, epochs=1, seed=1,
+)  # fmt: skip
+
+
+def test_a_posted_buffer_holds_no_memory_of_its_own_until_its_message_comes():
+    from scaledl_lab.runtime.sim import comm as sim_comm
+
+    a, b = torch.empty(1000), torch.empty(1000)
+    assert sim_comm._lend(a) and sim_comm._lend(b)
+    assert a.data_ptr() == b.data_ptr()  # both on the one placeholder
+    assert a.shape == (1000,) and a.is_contiguous()
+    whole = torch.zeros(2000)
+    view, aliased = whole[:1000], torch.empty(1000)
+    keep = aliased.view(10, 100)  # another tensor sees its storage
+    assert not sim_comm._lend(view) and not sim_comm._lend(aliased)
+    assert not sim_comm._lend(torch.empty(3, requires_grad=True))
+    assert keep.data_ptr() == aliased.data_ptr() != a.data_ptr()
+    message = torch.randn(1000)
+    sent = Sent(message, readers=1)
+    incoming = sim_comm.SimIncoming.__new__(sim_comm.SimIncoming)
+    incoming.tensor, incoming.lent, incoming.copied = a, True, False
+    incoming._fill(sent)  # the last reader's buffer takes the message's copy as its storage
+    assert torch.equal(a, message) and a.data_ptr() != b.data_ptr() and sent.tensor is None
+
+
+def test_lending_posted_buffers_changes_no_number(monkeypatch):
+    lent = run(BOUNDED, progress=False, log=None).frame
+    monkeypatch.setattr("scaledl_lab.runtime.sim.comm._lend", lambda tensor: False)
+    copied = run(BOUNDED, progress=False, log=None).frame
+    pd.testing.assert_frame_equal(lent, copied)

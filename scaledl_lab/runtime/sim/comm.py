@@ -121,6 +121,7 @@ class SimIncoming(Incoming):
         self.message: tuple[float, Sent] | None = None
         self.copied = False
         self.lost = False
+        self.lent = tensor is not None and _lend(tensor)
 
     def arrive(self, at: float, sent: Sent) -> None:
         """The message is sent while this receive is posted: a buffer gets it straight away
@@ -128,17 +129,28 @@ class SimIncoming(Incoming):
         it when it reads it."""
         self.message = (at, sent)
         if self.tensor is not None:
+            self._fill(sent)
+
+    def _fill(self, sent: Sent) -> None:
+        """The message into the receiver's buffer: a lent buffer takes the message's private
+        copy as its storage (no copy, no second gradient), any other is copied into."""
+        assert self.tensor is not None
+        if self.lent and sent.shape == self.tensor.shape and sent.dtype == self.tensor.dtype:
+            self.tensor.set_(sent.take().contiguous())
+        else:
+            if self.lent:
+                self.tensor.set_(torch.empty_like(self.tensor))
             sent.read_into(self.tensor)
-            self.copied = True
+        self.copied = True
 
     def _take(self) -> torch.Tensor:
         if not self.copied:
             assert self.message is not None
             if self.tensor is None:
                 self.tensor = self.message[1].take()
+                self.copied = True
             else:
-                self.message[1].read_into(self.tensor)
-            self.copied = True
+                self._fill(self.message[1])
         assert self.tensor is not None
         return self.tensor
 
@@ -150,8 +162,46 @@ class SimIncoming(Incoming):
 
     async def wait(self) -> torch.Tensor:
         if await _Await(WaitRecv(self.comm.rank, self)) is LOST:
+            if self.lent:  # the buffer is the receiver's own again (its contents undefined)
+                self.tensor.set_(torch.empty_like(self.tensor))  # type: ignore[union-attr]
             raise PeerLostError(f"rank {self.src} died before sending", self.src)
         return self._take()
+
+
+# One never-written storage per (dtype, bytes) that every posted receive buffer points at
+# until its message arrives. In virtual time every worker's posted buffers live in this one
+# process (NNT with a lead bound posts lead + 1 per neighbour: 20 gradients a worker on a
+# torus at a lead of 4), where a real cluster spreads them over its machines; a buffer waiting
+# for a message holds no memory of its own here.
+_PLACEHOLDERS: dict[tuple[torch.dtype, int], torch.UntypedStorage] = {}
+
+
+def _lend(tensor: torch.Tensor) -> bool:
+    """Point a posted receive buffer at the shared placeholder, if nothing else can see its
+    storage: a whole, contiguous tensor of its own (not a view, not aliased, no autograd),
+    which the receiver reads only once the receive completes. Returns whether it did."""
+    if (
+        tensor.device.type != "cpu"
+        or tensor.requires_grad
+        or tensor._base is not None
+        or not tensor.is_contiguous()
+        or tensor.storage_offset() != 0
+        or tensor.numel() == 0
+    ):
+        return False
+    storage = tensor.untyped_storage()
+    nbytes = tensor.numel() * tensor.element_size()
+    # This tensor and ``storage`` here: no third holder (another view, a kept reference).
+    if storage.nbytes() != nbytes or torch._C._storage_Use_Count(storage._cdata) > 2:
+        return False
+    key = (tensor.dtype, nbytes)
+    placeholder = _PLACEHOLDERS.get(key)
+    if placeholder is None:
+        placeholder = _PLACEHOLDERS[key] = torch.empty(
+            tensor.numel(), dtype=tensor.dtype
+        ).untyped_storage()
+    tensor.set_(placeholder, 0, tensor.shape, tensor.stride())
+    return True
 
 
 class SimCall(Pending):

@@ -40,6 +40,7 @@ class Sent:
     def __init__(self, tensor: torch.Tensor, *, private: bool = False, readers: int = 0) -> None:
         self.tensor: torch.Tensor | None = tensor if private else tensor.detach().clone()
         self.nbytes = tensor_bytes(tensor)
+        self.shape, self.dtype = tensor.shape, tensor.dtype
         self.readers = readers
         self.in_mail = 0  # entries of the mail that hold this copy in memory
 
