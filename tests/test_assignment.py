@@ -190,6 +190,7 @@ def _otter(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(900)
 def test_otter_assign_and_run_grade_the_notebook(tmp_path):
     pytest.importorskip("otter", reason="needs otter-grader (pip install -e '.[course]')")
     shutil.copy(MASTER, tmp_path / MASTER.name)
@@ -200,7 +201,7 @@ def test_otter_assign_and_run_grade_the_notebook(tmp_path):
     assert "BEGIN SOLUTION" not in code and "chunks[into].add_" not in code  # stripped
     assert "flat /= ctx.world_size" not in code
     (autograder,) = (tmp_path / "dist" / "autograder").glob("*.zip")
-    solved = tmp_path / "dist" / "autograder" / MASTER.name
+    solved = tmp_path / "dist" / "autograder" / MASTER.name  # the solution, as otter keeps it
 
     def grade(notebook: Path, name: str) -> dict[str, Any]:
         out = tmp_path / name
@@ -209,9 +210,8 @@ def test_otter_assign_and_run_grade_the_notebook(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
         return json.loads((out / "results.json").read_text())
 
-    full = grade(solved, "full")
-    assert _scores(full) == {"q1": (7, 7), "q2": (8, 8)}, full
-
+    # One submission, one otter run (a few minutes: it executes the notebook, Dask included):
+    # question 1 as the reference has it, question 2 with the average forgotten.
     wrong = nbformat.read(solved, as_version=4)
     (cell,) = [c for c in wrong.cells if "flat /= ctx.world_size" in c.source]
     cell.source = cell.source.replace("        flat /= ctx.world_size\n", "")
