@@ -3,7 +3,9 @@
 from .config import ExperimentConfig, is_quick, quick
 from .errors import ConfigError, DivergenceError, RunError, ServerLostError, WorkerLostError
 from .experiment import Results, compare, run
-from .viz import plots
+from .viz import plots, static
+
+static.install_in_kernel()  # in a notebook: every widget also leaves a static figure
 
 __version__ = "0.1.0"
 

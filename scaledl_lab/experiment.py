@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .training.launch import RowsCallback, check_data
 from .training.launch import execute as execute_run
-from .training.worker import steps_per_epoch_of, total_steps
+from .training.worker import Program, steps_per_epoch_of, total_steps
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -211,6 +212,7 @@ def compare(
     security: Any = None,
     resume: int | None = None,
     weights: bool = True,
+    strategy: Program | None = None,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
@@ -221,12 +223,20 @@ def compare(
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
     holds only its tables: ``state_dict``, ``weights`` and ``sharpness`` have nothing to read).
+
+    ``strategy``: a per-worker program of your own (``async def train(ctx)``, e.g. written in a
+    notebook) that every config runs instead of its named strategy's; the config's ``strategy``
+    still names the family whose defaults and checks apply (say ``"allreduce"`` for a
+    synchronous data-parallel program) and ``name`` labels the run. Both runtimes run it: the
+    simulator calls it in this process, Dask ships it to the workers with cloudpickle (which
+    pickles a notebook's functions by value).
     """
     from .runtime.dask.cluster import connect
 
     configs = list(configs)
     if not configs:
         raise ValueError("compare() needs at least one config")
+    check_program(strategy)
     for cfg in configs:
         if address is None and client is None:
             check_resources(cfg)
@@ -286,7 +296,9 @@ def compare(
 
             try:
                 point = (str(out_dir.resolve()), resume) if resume is not None else None
-                outcome = execute_run(cfg, label, collect, client=client, resume=point)
+                outcome = execute_run(
+                    cfg, label, collect, client=client, program=strategy, resume=point
+                )
                 outputs[label] = [
                     o if weights else {k: v for k, v in o.items() if k != "state_dict"}
                     for o in outcome.results
@@ -323,8 +335,28 @@ def compare(
 
 
 def run(config: ExperimentConfig, **kwargs: Any) -> Results:
-    """Run one config (see :func:`compare` for the keyword arguments)."""
+    """Run one config (see :func:`compare` for the keyword arguments; ``strategy=fn`` runs a
+    per-worker program of your own instead of the config's strategy)."""
     return compare([config], **kwargs)
+
+
+def check_program(program: Any) -> None:
+    """A ConfigError unless ``program`` is None or an ``async def`` taking the worker's context."""
+    if program is None:
+        return
+    if not inspect.iscoroutinefunction(program):
+        raise ConfigError(
+            f"strategy= takes the program one worker runs, an `async def train(ctx)`; got "
+            f"{program!r}, which is not a coroutine function (a strategy's name goes in "
+            "ExperimentConfig(strategy=...))"
+        )
+    try:
+        inspect.signature(program).bind(None)
+    except TypeError:
+        raise ConfigError(
+            f"strategy={program.__name__} must take one argument, the worker's context "
+            f"(WorkerContext); its signature is {inspect.signature(program)}"
+        ) from None
 
 
 def _progress_bar(cfg: ExperimentConfig, label: str) -> Any:

@@ -1,11 +1,13 @@
-"""A student's session in a real browser: JupyterLab, headless Chromium, notebook 01.
+"""A student's session in a real browser: JupyterLab, headless Chromium, notebooks 01 and 03.
 
-The test opens the notebook as stored, runs all cells from the Run menu, presses the training
-panel's Run button after Run All (the notebook's last cell has shut its cluster down) and once
-more, and waits each time for the progress bar to reach 100 % and the curves to appear. A
-screenshot of every step is saved under ``$SCALEDL_ARTIFACTS`` (else the test's tmp_path) and
-the folder is printed. It needs Debian's ``chromium`` and ``chromium-driver`` (.ci/run installs
-them) and is skipped without them; Selenium is pointed at both, so it never downloads a browser.
+Notebook 03 is opened as stored: its interactive widget must show as a figure (an image in
+the page) before anything runs, not as widget text. Notebook 01 is opened as stored, then all
+its cells run from the Run menu; the test presses the training panel's Run button after Run All
+(the notebook's last cell has shut its cluster down) and once more, and waits each time for the
+progress bar to reach 100 % and the curves to appear. A screenshot of every step is saved under
+``$SCALEDL_ARTIFACTS`` (else the test's tmp_path) and the folder is printed. It needs Debian's
+``chromium`` and ``chromium-driver`` (.ci/run installs them) and is skipped without them;
+Selenium is pointed at both, so it never downloads a browser.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "01_data_parallel.ipynb"
+WIDGET_NOTEBOOK = "03_async_sgd.ipynb"  # an interact_manual panel (scaledl_lab.viz.static)
 
 pytestmark = [
     pytest.mark.browser,
@@ -123,11 +126,12 @@ def artefacts(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def lab(tmp_path: Path, artefacts: Path) -> Iterator[tuple[str, str]]:
-    """JupyterLab on a free localhost port with a random token, serving a copy of notebook 01
-    in quick mode; its kernels are shut down and the server stopped afterwards."""
+    """JupyterLab on a free localhost port with a random token, serving copies of notebooks 01
+    and 03 in quick mode; its kernels are shut down and the server stopped afterwards."""
     root, home = tmp_path / "lab", tmp_path / "home"
     root.mkdir()
-    shutil.copy(REPO / "notebooks" / NOTEBOOK, root / NOTEBOOK)
+    for name in (NOTEBOOK, WIDGET_NOTEBOOK):
+        shutil.copy(REPO / "notebooks" / name, root / name)
     for name, values in SETTINGS.items():
         path = home / "settings" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,3 +285,36 @@ def test_notebook_01_in_jupyterlab(lab: tuple[str, str], browser: Any, artefacts
         shot("last")
         print("\n".join(shots))
         print(f"browser test: {time.monotonic() - started:.0f} s in the browser")
+
+
+# The output of the cell that shows notebook 03's interact panel, as the page draws it.
+WIDGET_JS = """
+const cell = [...document.querySelectorAll('.jp-CodeCell')]
+  .find(c => c.querySelector('.jp-InputArea').textContent.includes('interact_manual('));
+if (!cell) return null;
+cell.scrollIntoView({block: 'start'});
+const out = cell.querySelector('.jp-OutputArea');
+const images = [...out.querySelectorAll('img')]
+  .filter(i => i.complete && i.naturalWidth > 0 && i.offsetParent !== null);
+return {images: images.length, text: out.textContent.trim().slice(0, 300)};
+"""
+
+
+def test_notebook_03_shows_its_widget_as_a_figure_before_running(
+    lab: tuple[str, str], browser: Any, artefacts: Path
+) -> None:
+    """As stored (executed with scaledl_lab.viz.static in its kernel), the interact panel's
+    first result is in the saved widget state: the page shows its figure, not widget text."""
+    base, token = lab
+    browser.get(f"{base}/lab/tree/{WIDGET_NOTEBOOK}?token={token}")
+
+    def shown() -> Any:
+        state = browser.execute_script(WIDGET_JS)
+        return state if state and state["images"] else None
+
+    try:
+        state = _wait("the widget's figure", shown, 120, lambda: browser.execute_script(WIDGET_JS))
+        assert "interactive(children=" not in state["text"], state
+        assert "Error displaying widget" not in state["text"], state
+    finally:
+        browser.save_screenshot(str(artefacts / "03-opened.png"))

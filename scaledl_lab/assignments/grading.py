@@ -1,0 +1,96 @@
+"""Named, scored checks and the report a grader hands back (the autograder's test cells
+assert one check each, so a failing submission is told which property it broke)."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..errors import RunError
+
+
+@dataclass(frozen=True)
+class Check:
+    """One property of a submission: its name (``q1-sum-sim``), points, outcome and why."""
+
+    name: str
+    points: float
+    passed: bool
+    detail: str
+
+    @property
+    def score(self) -> float:
+        return self.points if self.passed else 0.0
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every check of one submission, in order; ``require(name)`` is what a test cell calls."""
+
+    checks: tuple[Check, ...]
+
+    @property
+    def score(self) -> float:
+        return sum(c.score for c in self.checks)
+
+    @property
+    def total(self) -> float:
+        return sum(c.points for c in self.checks)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if not c.passed]
+
+    def __getitem__(self, name: str) -> Check:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(f"no check {name!r}; the checks are {[c.name for c in self.checks]}")
+
+    def require(self, name: str) -> None:
+        """An AssertionError naming check ``name`` and saying why, unless it passed."""
+        check = self[name]
+        if not check.passed:
+            raise AssertionError(f"{check.name} failed: {check.detail}")
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([vars(c) | {"score": c.score} for c in self.checks])
+
+    def __str__(self) -> str:
+        lines = [f"{self.score:g} / {self.total:g} points"]
+        for c in self.checks:
+            mark = "pass" if c.passed else "FAIL"
+            lines.append(f"  {mark}  {c.name:<20} {c.score:g}/{c.points:g}  {c.detail}")
+        return "\n".join(lines)
+
+
+class CheckFailed(Exception):
+    """Raised inside a check's body: the check fails with this message."""
+
+
+def describe(exc: BaseException) -> str:
+    """What a failed check says about an exception: a check's own verdict as it is, the
+    runtime's words for a run that stopped (a deadlock, a timeout, a lost worker), else the
+    exception with the line of the submission (or library) that raised it."""
+    if isinstance(exc, CheckFailed):
+        return str(exc)
+    if isinstance(exc, RunError):
+        return f"the run failed: {type(exc).__name__}: {exc}"
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__}: {exc} (line {where.lineno} of {where.name})"
+
+
+def attempt(name: str, points: float, body: Callable[[], str]) -> Check:
+    """Run one check's ``body``: it returns what it measured, or raises and the check fails."""
+    try:
+        return Check(name, points, True, body())
+    except Exception as exc:
+        return Check(name, points, False, describe(exc))
+
+
+def failed_all(names: Iterable[tuple[str, float]], why: str) -> list[Check]:
+    """The checks that could not run because what they depend on failed first."""
+    return [Check(name, points, False, why) for name, points in names]

@@ -1,0 +1,229 @@
+"""The ring allreduce assignment: its grader gives the reference solution (the master notebook's)
+full marks on both runtimes and names the check each wrong submission fails; ``otter assign``
+and ``otter run`` grade the notebook end to end (skipped without otter-grader, the [course]
+extra)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from scaledl_lab import ConfigError, ExperimentConfig, run
+from scaledl_lab.assignments import ring_allreduce as ring_grader
+from scaledl_lab.assignments.grading import Check, Report
+
+# Where the ring's body starts in the reference: a submission of one's own replaces it.
+RING_HEAD = "    right, left = (rank + 1) % n, (rank - 1) % n\n"
+RING_BODY = RING_HEAD + "    # BEGIN SOLUTION\n"
+MASTER = Path(__file__).resolve().parents[1] / "notebooks" / "assignment" / "ring_allreduce.ipynb"
+
+
+def _setup_and_solutions(nb: Any) -> tuple[str, list[str]]:
+    """The master notebook's first code cell (its imports) and its solution cells' sources."""
+    setup = next(c.source for c in nb.cells if c.cell_type == "code")
+    solutions, inside = [], False
+    for cell in nb.cells:
+        if cell.cell_type == "raw" and cell.source.strip() in (
+            "# BEGIN SOLUTION",
+            "# END SOLUTION",
+        ):
+            inside = cell.source.strip() == "# BEGIN SOLUTION"
+        elif inside and cell.cell_type == "code":
+            solutions.append(cell.source)
+    return setup, solutions
+
+
+def submission(*edits: tuple[str, str]) -> dict[str, Any]:
+    """The reference solution with each (old, new) text replaced once: a student's submission,
+    defined in a module of its own that no worker can import (Dask ships it by value, as it
+    does a notebook's functions)."""
+    setup, (ring, sgd) = _setup_and_solutions(nbformat.read(MASTER, as_version=4))
+    source = "\n\n".join([setup, ring, sgd])
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    namespace: dict[str, Any] = {"__name__": "student_submission"}
+    exec(compile(source, "<submission>", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    return submission()
+
+
+def test_reference_solution_gets_full_marks_on_both_runtimes(reference):
+    report = ring_grader.grade(reference["ring_allreduce"], reference["ring_sgd"])
+    assert [c.name for c in report.checks] == [
+        "q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim", "q1-dask",
+        "q2-twin-sim", "q2-allreduce-sim", "q2-replicas-sim", "q2-traffic-sim",
+        "q2-twin-dask", "q2-traffic-dask",
+    ]  # fmt: skip
+    assert report.failed == [], str(report)
+    assert report.score == report.total == 15
+    # What was measured, not only that it passed: the twins to float64 rounding.
+    assert "within" in report["q2-twin-sim"].detail and "e-1" in report["q2-twin-sim"].detail
+    assert report["q2-traffic-dask"].detail.startswith("2 workers: 2310224 bytes per step")
+
+
+def test_a_ring_sgd_that_forgets_to_divide_by_n_fails_the_twins(reference):
+    wrong = submission(("        flat /= ctx.world_size\n", ""))
+    report = ring_grader.strategy_report(wrong["ring_sgd"], dask=False)
+    assert report.failed == ["q2-twin-sim", "q2-allreduce-sim"]
+    assert "is the gradient the average over the workers" in report["q2-twin-sim"].detail
+    assert "differ from the lab's allreduce-naive" in report["q2-allreduce-sim"].detail
+    with pytest.raises(AssertionError, match=r"^q2-twin-sim failed: 3 workers: the parameters"):
+        report.require("q2-twin-sim")
+    report.require("q2-traffic-sim")  # the traffic is a ring's all the same
+
+
+def test_a_ring_that_receives_first_deadlocks_and_fails_by_timeout(monkeypatch):
+    # Every rank waits for its predecessor before sending: nobody ever sends.
+    wrong = submission(
+        (
+            "        sending = comm.isend(chunks[out].clone(), right)\n"
+            "        chunks[into].add_(await comm.recv(torch.empty_like(chunks[into]), left))\n",
+            "        chunks[into].add_(await comm.recv(torch.empty_like(chunks[into]), left))\n"
+            "        sending = comm.isend(chunks[out].clone(), right)\n",
+        )
+    )
+    monkeypatch.setitem(ring_grader.RUN, "timeout_s", 5.0)
+    report = ring_grader.collective_report(wrong["ring_allreduce"])
+    assert report.failed == ["q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim", "q1-dask"]
+    assert "simulated deadlock" in report["q1-sum-sim"].detail
+    assert report["q1-sum-sim"].detail.startswith("on 2 simulated workers: the run failed")
+    assert report["q1-dask"].detail.startswith("the run failed:"), report["q1-dask"].detail
+    assert report.score == 0
+
+
+def test_a_ring_that_asks_for_the_library_allreduce_is_refused():
+    wrong = submission((RING_BODY, RING_HEAD + "    return await comm.allreduce(flat)\n"))
+    report = ring_grader.collective_report(wrong["ring_allreduce"], dask=False)
+    assert report.failed == ["q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim"]
+    assert "comm.allreduce is not part of this exercise" in report["q1-sum-sim"].detail
+
+
+def test_a_ring_that_passes_whole_tensors_is_right_but_sends_too_much():
+    """N - 1 rounds passing every rank's whole tensor around also sums: the traffic and the
+    rounds say it is not the bandwidth-optimal ring."""
+    naive = submission(
+        (
+            RING_BODY,
+            RING_HEAD + "    passing = flat.clone()\n"
+            "    for _ in range(n - 1):\n"
+            "        sending = comm.isend(passing, right)\n"
+            "        passing = await comm.recv(torch.empty_like(flat), left)\n"
+            "        await sending.wait()\n"
+            "        flat.add_(passing)\n"
+            "    return flat\n",
+        )
+    )
+    report = ring_grader.collective_report(naive["ring_allreduce"], dask=False)
+    assert report.failed == ["q1-traffic-sim", "q1-rounds-sim"]
+    assert (
+        "3 workers, 60 float64 elements: rank 0 sent 960 bytes" in report["q1-traffic-sim"].detail
+    )
+    assert (
+        "2 workers: rank 0 sent 1 message for one allreduce; a ring sends"
+        in report["q1-rounds-sim"].detail
+    )
+
+
+def test_a_ring_sgd_that_logs_no_traffic_fails_the_traffic_check():
+    wrong = submission(("sent=comm.bytes_sent - sent, ", ""))
+    report = ring_grader.strategy_report(wrong["ring_sgd"], dask=False)
+    assert report.failed == ["q2-traffic-sim"]
+    assert "logged 0 bytes at step 1" in report["q2-traffic-sim"].detail
+
+
+def test_run_takes_a_program_of_ones_own_and_refuses_what_is_not_one():
+    cfg = ExperimentConfig(runtime="sim", **{**ring_grader.RUN, "max_steps": 2})
+
+    def not_async(ctx):
+        return None
+
+    async def two_arguments(ctx, extra):
+        return None
+
+    with pytest.raises(ConfigError, match=r"strategy= takes the program one worker runs, an "):
+        run(cfg, strategy=not_async, progress=False)
+    with pytest.raises(ConfigError, match=r"must take one argument, the worker's context"):
+        run(cfg, strategy=two_arguments, progress=False)
+
+    async def keeps_rank(ctx):
+        ctx.result["seen"] = (ctx.rank, ctx.world_size, ctx.config.strategy)
+
+    res = run(cfg.replace(workers=3, name="mine"), strategy=keeps_rank, progress=False)
+    assert [o["seen"] for o in res.outputs["mine"]] == [(r, 3, "allreduce-naive") for r in range(3)]
+
+
+def test_report_names_its_checks():
+    report = Report((Check("a", 2, True, "fine"), Check("b", 1, False, "why")))
+    assert (report.score, report.total, report.failed) == (2, 3, ["b"])
+    report.require("a")
+    with pytest.raises(AssertionError, match=r"^b failed: why$"):
+        report.require("b")
+    with pytest.raises(KeyError, match=r"no check 'c'; the checks are \['a', 'b'\]"):
+        report.require("c")
+    assert str(report).splitlines() == [
+        "2 / 3 points",
+        "  pass  a                    2/2  fine",
+        "  FAIL  b                    0/1  why",
+    ]
+    assert list(report.frame()["score"]) == [2, 0]
+
+
+def _otter(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "otter", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.timeout(900)
+def test_otter_assign_and_run_grade_the_notebook(tmp_path):
+    pytest.importorskip("otter", reason="needs otter-grader (pip install -e '.[course]')")
+    shutil.copy(MASTER, tmp_path / MASTER.name)
+    made = _otter("assign", MASTER.name, "dist", cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    student = nbformat.read(tmp_path / "dist" / "student" / MASTER.name, as_version=4)
+    code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
+    assert "BEGIN SOLUTION" not in code and "chunks[into].add_" not in code  # stripped
+    assert "flat /= ctx.world_size" not in code
+    (autograder,) = (tmp_path / "dist" / "autograder").glob("*.zip")
+    solved = tmp_path / "dist" / "autograder" / MASTER.name  # the solution, as otter keeps it
+
+    def grade(notebook: Path, name: str) -> dict[str, Any]:
+        out = tmp_path / name
+        out.mkdir()
+        done = _otter("run", "-a", str(autograder), "-o", str(out), str(notebook), cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads((out / "results.json").read_text())
+
+    # One submission, one otter run (a few minutes: it executes the notebook, Dask included):
+    # question 1 as the reference has it, question 2 with the average forgotten.
+    wrong = nbformat.read(solved, as_version=4)
+    (cell,) = [c for c in wrong.cells if "flat /= ctx.world_size" in c.source]
+    cell.source = cell.source.replace("        flat /= ctx.world_size\n", "")
+    (tmp_path / "wrong").mkdir()
+    nbformat.write(wrong, tmp_path / "wrong" / MASTER.name)
+    graded = grade(tmp_path / "wrong" / MASTER.name, "graded")
+    assert _scores(graded) == {"q1": (7, 7), "q2": (8 - 2 - 1 - 2, 8)}, graded
+    (q2,) = [t for t in graded["tests"] if t["name"] == "q2"]
+    for check in ("q2-twin-sim", "q2-allreduce-sim", "q2-twin-dask"):
+        assert f"{check} failed" in q2["output"], q2["output"]
+
+
+def _scores(results: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Each question's (score, out of) in otter's results.json."""
+    return {t["name"]: (t["score"], t["max_score"]) for t in results["tests"] if "score" in t}
