@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from torch import nn
 from ...data import sample_shape
 from ...models import build_model, model_flops
 from ...training.ledger import SavedTensors
-from ...training.recompute import checkpoint
+from ...training.recompute import buffers_kept, checkpoint
 from ..model_parallel.partition import boundary_shapes, layers
 from .flat import blocks
 
@@ -87,30 +88,55 @@ def prepare_model(cfg: Any, model: nn.Module) -> nn.Module:
 # -- what recomputation keeps, from sizes alone (scaledl-lab plan) -------------------------
 
 
-def recomputed_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """The most bytes autograd keeps at once in a recomputing step of ``model`` on ``x`` (with
-    the loss), as the memory ledger counts them: at the end of forward, the checkpoints (each
-    segment's input, the data among them) and what the loss saves; while segment i is
-    recomputed for its backward, the checkpoints of segments 0..i (the later ones have gone
-    with their backward) and what segment i saves besides its input. The largest of these."""
+@dataclass(frozen=True)
+class SegmentBytes:
+    """Bytes of a step on one batch, segment by segment, as the memory ledger counts them:
+    each segment's input (its checkpoint), what it saves besides its input when it runs with
+    autograd, and what the loss saves."""
+
+    inputs: tuple[int, ...]
+    own: tuple[int, ...]
+    loss: int
+
+    @property
+    def checkpoints(self) -> int:
+        return sum(self.inputs)
+
+    @property
+    def recomputed(self) -> int:
+        """The most alive at once with recomputation: at the end of forward, every checkpoint
+        and the loss's; while segment i runs again for its backward, the checkpoints of
+        segments 0..i (the later ones have gone with their backward) and its own."""
+        again = (sum(self.inputs[: i + 1]) + own for i, own in enumerate(self.own))
+        return max(self.checkpoints + self.loss, *again)
+
+
+def segment_bytes(model: nn.Module, x: torch.Tensor) -> SegmentBytes:
+    """:class:`SegmentBytes` of ``model`` on the batch ``x`` (zeros do: sizes only)."""
     y = torch.zeros(len(x), dtype=torch.long)
     parts = segments(model)
-    with torch.no_grad():
+    with torch.no_grad(), buffers_kept(model):
         inputs = [x]
         for segment in parts:
             inputs.append(segment(inputs[-1]))
     logits = inputs.pop()
-    kept = [t.untyped_storage().nbytes() for t in inputs]
-    loss = _saved(model, lambda: F.cross_entropy(logits.detach().requires_grad_(True), y))
-    worst = sum(kept) + loss
+    own = []
     for i, (segment, inp) in enumerate(zip(parts, inputs, strict=True)):
         x_i = inp.detach().requires_grad_(i > 0)  # the data needs no gradient, the rest do
 
         def run(segment: nn.Module = segment, x_i: torch.Tensor = x_i) -> torch.Tensor:
             return segment(x_i)
 
-        worst = max(worst, sum(kept[: i + 1]) + _saved(model, run, held=x_i))
-    return worst
+        with buffers_kept(segment):  # sizing moves no running statistic
+            own.append(_saved(model, run, held=x_i))
+    loss = _saved(model, lambda: F.cross_entropy(logits.detach().requires_grad_(True), y))
+    kept = tuple(t.untyped_storage().nbytes() for t in inputs)
+    return SegmentBytes(inputs=kept, own=tuple(own), loss=loss)
+
+
+def recomputed_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """The most bytes autograd keeps at once in a recomputing step of ``model`` on ``x``."""
+    return segment_bytes(model, x).recomputed
 
 
 def _saved(model: nn.Module, run: Any, held: torch.Tensor | None = None) -> int:
