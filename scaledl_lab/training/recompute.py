@@ -10,8 +10,9 @@ same numbers). The input is saved with ``ctx.save_for_backward``, so the memory 
 are the tensors the recomputed forward saves, while its backward runs: the ledger sees the
 checkpoints and one segment's activations at a time. The recomputed forward leaves the
 segment's buffers as it found them (:func:`buffers_kept`: BatchNorm's running statistics move
-once per forward, as without recomputation) and notes its share of the model's forward for
-the simulator's clock (:mod:`scaledl_lab.runtime.extra_work`).
+once per forward, as without recomputation), runs under the first forward's autocast, and
+notes its share of the model's forward for the simulator's clock
+(:mod:`scaledl_lab.runtime.extra_work`).
 
 Which segments a model has, and installing them on a model, is the memory family's
 (:mod:`scaledl_lab.strategies.memory.recompute`); tensor parallelism checkpoints its block here.
@@ -49,6 +50,8 @@ class _Checkpoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: Callable, owner: nn.Module, share: float, inp, *params):  # type: ignore[override]
         ctx.run, ctx.owner, ctx.share, ctx.params = run, owner, share, params
+        device = inp.device.type  # recomputed under the same autocast as the first forward
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         ctx.save_for_backward(inp)  # the checkpoint, counted by the ledger's hooks
         return run(inp)  # autograd is off inside: nothing else is saved
 
@@ -57,7 +60,8 @@ class _Checkpoint(torch.autograd.Function):
         (inp,) = ctx.saved_tensors
         needs = ctx.needs_input_grad[3:]  # the input's, then each parameter's
         x = inp.detach().requires_grad_(needs[0])
-        with torch.enable_grad(), buffers_kept(ctx.owner):
+        device, dtype, enabled = ctx.autocast
+        with torch.enable_grad(), torch.autocast(device, dtype, enabled), buffers_kept(ctx.owner):
             out = ctx.run(x)
         extra_work.note_forward(ctx.share)
         wanted = [t for t, need in zip((x, *ctx.params), needs, strict=True) if need]

@@ -21,7 +21,13 @@ compute, one forward being a third). Every strategy that calls the model's forwa
 the pipelines (a stage keeps its inputs, GPipe's re-materialisation), ZeRO's stages 2 and 3
 (block by block, the same blocks) and tensor parallelism (its block) recompute in their own
 programs, which call the layers themselves. The parameters and their names are the model's:
-state_dicts, checkpoints and the sequential twins see the same model.
+state_dicts, checkpoints and the sequential twins see the same model (a twin asked for
+recomputation recomputes: the same numbers).
+
+Recomputation reads the parameters as they are at backward. Every strategy's forward and
+backward run with no update between them, except Hogwild! on real processes, where another
+worker may write the shared weights in between: the recomputed forward then reads the newer
+ones (the simulator runs a step without interruption).
 """
 
 from __future__ import annotations
