@@ -5,25 +5,28 @@ Whoever runs such a forward notes it here as a fraction of one forward of the wh
 (:func:`note_forward`); the simulator takes the count at the end of the block and charges it
 on top of the block's share, a forward being a third of a training step
 (:meth:`scaledl_lab.runtime.sim.comm.SimComm.compute`). Wall-clock runtimes need nothing: the
-time is spent for real. One count per thread, as autograd runs a CPU backward on the thread
-that calls it; a block never spans an ``await``, so on the simulator (every worker on one
-thread) the count between a block's start and end is that block's.
+time is spent for real. One count per process, not per thread: autograd runs a GPU backward on
+a thread of its own (the caller waits for it). On the simulator every worker runs on one
+thread and a block never spans an ``await``, so the count between a block's start and end is
+that block's.
 """
 
 from __future__ import annotations
 
 import threading
 
-_count = threading.local()
+_lock = threading.Lock()
+_count = [0.0]
 
 
 def note_forward(fraction: float) -> None:
     """``fraction`` of one forward of the model ran again (a recomputed segment)."""
-    _count.value = getattr(_count, "value", 0.0) + fraction
+    with _lock:
+        _count[0] += fraction
 
 
 def take() -> float:
     """The forward fractions noted since the last call, and a fresh count."""
-    value = getattr(_count, "value", 0.0)
-    _count.value = 0.0
+    with _lock:
+        value, _count[0] = _count[0], 0.0
     return value
