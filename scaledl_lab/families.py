@@ -31,12 +31,11 @@ CAPABILITIES: dict[str, str] = {
     "sends_replica_update": "the gradient sent is a replica's whole update (DGC's momentum "
     "correction takes over the optimiser's momentum)",
     "splits_model": "the model itself is split over the workers",
-    "pipeline": "the model is split into stages (stages, micro_batches, balance, recompute)",
+    "pipeline": "the model is split into stages (stages, micro_batches, balance)",
     "slices_layers": "every layer is sliced over the workers (no rank holds a whole layer)",
     "accumulates": "accumulate=K micro-batches per update",
     "batch_schedule": "batch_schedule=... grows the batch during the run",
     "checkpointable": "every step ends where no message is in flight (checkpoint_every=...)",
-    "recomputes": "recompute=True: each layer's forward runs again in backward (memory)",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 

@@ -222,6 +222,7 @@ def test_every_config_field_has_a_run_flag():
         (["--no-error-feedback"], dict(error_feedback=False)),
         (["--dc-adaptive"], dict(dc_adaptive=True)),
         (["--recompute", "--strategy", "gpipe"], dict(recompute=True, strategy="gpipe")),
+        (["--recompute", "--strategy", "local-sgd"], dict(recompute=True, strategy="local-sgd")),
         (["--checkpoint-every", "5"], dict(checkpoint_every=5)),
         (["--checkpoint-every", "2epochs"], dict(checkpoint_every="2epochs")),
         (["--zero-init-residual", "--model", "resnet18"],

@@ -263,11 +263,6 @@ def test_compression_is_refused():
         _zero_cfg("zero2", "sim", compress="topk:0.01")
 
 
-def test_recompute_is_refused_where_nothing_recomputes():
-    with pytest.raises(ConfigError, match="recompute=True applies only to"):
-        _zero_cfg("zero1", "sim", recompute=True)
-
-
 def test_pytorch_comparison_refuses_an_unknown_kind():
     with pytest.raises(ConfigError, match="kind='ddp' is unknown"):
         train_with_pytorch(_zero_cfg("zero1", "sim"), "ddp")

@@ -1,19 +1,23 @@
 """Memory: sharding the model states over data-parallel workers, ZeRO's stages 1, 2 and 3
 (Rajbhandari et al. 2020; stage 3 is PyTorch FSDP's full shard): the flat sharded layers
-(:mod:`.flat`), the per-worker programs (:mod:`.zero`) and their checks (:mod:`.checks`)."""
+(:mod:`.flat`), the per-worker programs (:mod:`.zero`) and their checks (:mod:`.checks`); and
+activation recomputation on every strategy (``recompute``, :mod:`.recompute`), the family's
+change to every worker's model."""
 
 from ...families import Family, register_family
 from ..registry import described
-from . import checks, flat, zero
+from . import checks, flat, recompute, zero
+from .options import MemoryOptions
 
 FAMILY = register_family(
     Family(
         name="memory",
         summary="sharded data parallelism: optimiser state, gradients, parameters over workers",
         strategies=described(*zero.DESCRIPTIONS),
-        capabilities={"recomputes": ("zero2", "zero3")},
         check=checks.check_memory,
+        options=MemoryOptions,
+        prepare_model=recompute.prepare_model,
     )
 )
 
-__all__ = ["FAMILY", "checks", "flat", "zero"]
+__all__ = ["FAMILY", "MemoryOptions", "checks", "flat", "recompute", "zero"]

@@ -1,4 +1,5 @@
-"""Config errors of the ZeRO stages, each naming the field, before any cluster starts."""
+"""Config errors of the ZeRO stages and of ``recompute``, each naming the field, before any
+cluster starts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ ELEMENTWISE_OPTIMIZERS = ("sgd", "adam", "adagrad")
 def check_memory(cfg: Any) -> None:
     from ..large_batch.recipe import no_bias_decay_of  # the recipe's default rule
 
+    if not isinstance(cfg.recompute, bool):
+        raise ConfigError(f"recompute={cfg.recompute!r} must be True or False")
     family = families.family_of(cfg.strategy)
     if family.name != "memory":
         return

@@ -4,7 +4,9 @@ time and bytes, for ``allreduce``, ``allreduce-naive`` and the ZeRO stages on th
 
 Model states follow ZeRO's accounting of the flat units (:mod:`.flat`); activations come from
 one forward on a batch of zeros under the ledger's ``saved_tensors_hooks`` (no backward, no
-data file: a dataset's sample shape is known); communication buffers replay the order in which
+data file: a dataset's sample shape is known), and with ``recompute`` from each segment's
+forward (:mod:`.recompute`: the checkpoints and the worst segment run again); compute is 4/3 of
+a step with ``recompute`` (one more forward); communication buffers replay the order in which
 each strategy makes and drops them; time is the cost model's compute plus its collectives, one
 after another as the simulator runs them.
 """
@@ -26,6 +28,7 @@ from ...runtime.sim.cost import build_cost_model, reduce_scatter_time, ring_redu
 from ...training.ledger import SavedTensors, StepMemory
 from ..model_parallel.partition import layers
 from .flat import blocks
+from .recompute import recomputed_bytes
 from .zero import STAGES
 
 NUM_CLASSES = 10  # every dataset of the lab
@@ -67,10 +70,12 @@ def plan(cfg: ExperimentConfig) -> Plan:
 
 
 def _activations(cfg: ExperimentConfig, model: torch.nn.Module, shape: tuple[int, ...]) -> float:
-    """Bytes saved for backward by one forward of the per-worker batch (zeros: sizes only)."""
-    if cfg.recompute:
-        return math.nan  # what recomputation keeps depends on the blocks' own savings
+    """Bytes saved for backward by one forward of the per-worker batch (zeros: sizes only);
+    with recomputation, the checkpoints and the worst segment's recomputed activations
+    (:func:`.recompute.recomputed_bytes`)."""
     x = torch.zeros(cfg.batch_size, *shape, dtype=cfg.dtype)
+    if cfg.recompute:
+        return float(recomputed_bytes(model, x))
     y = torch.zeros(cfg.batch_size, dtype=torch.long)
     saved = SavedTensors()
     with saved.counting(model):

@@ -16,6 +16,16 @@ statistics (8sb bytes per norm), the token ids and the causal mask, under 1% at 
 It assumes attention on views of the QKV output, as Megatron's sequence-first layout computes it
 (a batch-first ``matmul`` copies Q, K and V).
 Forward FLOPs per sequence: 2·Ψ_blocks·s + 4·L·s²·h (Kaplan et al. 2020).
+
+With ``recompute`` each block is a segment, and the final LayerNorm with the tied head one
+more (:mod:`.recompute`, as the lab's models): forward keeps each segment's input, 4sbh bytes
+(Korthikanti et al.'s 2sbh per layer of full recomputation, in 16-bit), and backward runs
+each segment again before its backward. The most alive at once is the larger of: the end of
+forward, every checkpoint and log-softmax's output, (L + 1)·4sbh + 4sbV; the head run again,
+every checkpoint and LN's output, (L + 2)·4sbh; the last block run again, the L blocks' inputs
+(the head's has gone with its backward) and what the block saves besides its input,
+L·4sbh + 60sbh + 4as²b — one layer's activations (34sbh + 5as²b in Korthikanti et al.'s
+16-bit count) on top of the checkpoints. Compute is 4/3 of a step (one more forward).
 """
 
 from __future__ import annotations
@@ -74,6 +84,16 @@ class Transformer:
         blocks = self.layers * (64 * s * b * h + 4 * a * s * s * b)
         return blocks + 8 * s * b * h + 4 * s * b * self.vocabulary
 
+    def recomputed_activation_bytes(self, batch: int) -> int:
+        """What recomputation keeps at its worst moment (the module's docstring): the
+        checkpoints of every segment, and the block or the head run again."""
+        s, b, h, a, layers = self.sequence, batch, self.hidden, self.heads, self.layers
+        checkpoint = 4 * s * b * h  # a segment's input
+        forward_end = (layers + 1) * checkpoint + 4 * s * b * self.vocabulary
+        head = (layers + 2) * checkpoint
+        block = layers * checkpoint + 60 * s * b * h + 4 * a * s * s * b
+        return max(forward_end, head, block)
+
     def forward_flops(self) -> int:
         s, h = self.sequence, self.hidden
         return 2 * self.layers * self.block_parameters * s + 4 * self.layers * s * s * h
@@ -102,7 +122,9 @@ def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
         params={0: psi, 1: padded, 2: padded, 3: shard}[stage] * size,
         grads={0: psi, 1: padded, 2: shard, 3: shard}[stage] * size,
         optim=(psi if stage == 0 else shard) * k,
-        activations=model.activation_bytes(cfg.batch_size) if not cfg.recompute else math.nan,
+        activations=model.recomputed_activation_bytes(cfg.batch_size)
+        if cfg.recompute
+        else model.activation_bytes(cfg.batch_size),
         buffers=math.nan,
     )
     cost = build_cost_model(cfg, model.forward_flops())

@@ -34,6 +34,7 @@ from torch import nn
 
 from ...runtime.base import Pending
 from ...training.ledger import Peak, SavedTensors, StepMemory, nbytes, optimizer_state_bytes
+from ...training.recompute import buffers_kept
 from ...training.worker import StepStats, WorkerContext, check_finite, make_optimizer
 from ..model_parallel.partition import layers as model_layers
 from ..registry import register
@@ -144,7 +145,7 @@ class ShardedModel:
             async with self.comm.compute(len(y), share=_share(self.layers, i) * backward):
                 with self.saved.counting(self.model, params_move=True):
                     if out is None:  # recompute: run the layer again, statistics untouched
-                        with _buffers_kept(layer):
+                        with buffers_kept(layer):
                             out = layer(inp)
                     if i == len(self.layers) - 1 and loss is None:
                         loss = F.cross_entropy(out, y)
@@ -186,18 +187,6 @@ def _share(layers: list[nn.Module], i: int) -> float:
     """Layer ``i``'s part of a step's compute, by parameter count (at least a little)."""
     sizes = [max(1, sum(p.numel() for p in layer.parameters())) for layer in layers]
     return sizes[i] / sum(sizes)
-
-
-@contextlib.contextmanager
-def _buffers_kept(layer: nn.Module):
-    """Running statistics (BatchNorm) as they were: a recomputed forward must not move them."""
-    kept = [b.clone() for b in layer.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, k in zip(layer.buffers(), kept, strict=True):
-                b.copy_(k)
 
 
 async def train(ctx: WorkerContext) -> None:

@@ -1,5 +1,6 @@
 """The model-parallel options: stages per replica, micro-batches, how layers are balanced over
-the stages, recomputation (checked in :mod:`.partition`)."""
+the stages (checked in :mod:`.partition`). Recomputation, which pipelines apply stage by stage,
+is every strategy's option (:mod:`scaledl_lab.strategies.memory.options`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,4 @@ class ModelParallelOptions:
     )
     balance: str = field(
         default="params", metadata=option("pipelines: params | time | layers per stage 2,3,1")
-    )
-    recompute: bool = field(
-        default=False, metadata=option("gpipe, 1f1b, zero2, zero3: recompute forwards in backward")
     )

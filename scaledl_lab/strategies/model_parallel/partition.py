@@ -173,9 +173,7 @@ def check_model_parallel(cfg: Any) -> None:
     tensor-parallel degree), each one line naming the field, before any cluster starts."""
     name = cfg.strategy
     if not families.has(name, "pipeline"):
-        for option, default in (("stages", None), ("micro_batches", 1), ("recompute", False)):
-            if option == "recompute" and families.has(name, "recomputes"):
-                continue  # a family that recomputes without pipelining (zero3)
+        for option, default in (("stages", None), ("micro_batches", 1)):
             if getattr(cfg, option) != default:
                 raise ConfigError(
                     f"{option}={getattr(cfg, option)!r} applies only to the pipeline strategies "
@@ -202,8 +200,6 @@ def check_model_parallel(cfg: Any) -> None:
             f"micro_batches={cfg.micro_batches} does not apply to the naive split "
             "(strategy='model-parallel' runs one micro-batch); use strategy='gpipe' or '1f1b'"
         )
-    if name == "model-parallel" and cfg.recompute:
-        raise ConfigError("recompute=True applies to 'gpipe' and '1f1b', not 'model-parallel'")
     if cfg.batch_size % cfg.micro_batches:
         raise ConfigError(
             f"micro_batches={cfg.micro_batches} does not divide the per-replica "

@@ -43,6 +43,7 @@ from torch import nn
 
 from ...models import MLP
 from ...runtime.base import Comm
+from ...training.recompute import checkpoint
 from ...training.worker import (
     EVAL_BATCH,
     StepStats,
@@ -69,8 +70,11 @@ class Saved:
 class ParallelMLPBlock(nn.Module):
     """Rank ``rank``'s slices of ``Linear → ReLU → Linear`` (column- then row-parallel)."""
 
-    def __init__(self, first: nn.Linear, second: nn.Linear, rank: int, degree: int) -> None:
+    def __init__(
+        self, first: nn.Linear, second: nn.Linear, rank: int, degree: int, recompute: bool = False
+    ) -> None:
         super().__init__()
+        self.recompute = recompute  # keep the input only; the local forward again in backward
         width = first.out_features // degree
         self.units = slice(rank * width, (rank + 1) * width)  # this rank's hidden units
         weight = first.weight
@@ -94,13 +98,20 @@ class ParallelMLPBlock(nn.Module):
         # every await, so a grad-mode context held across one would leak into other ranks.
         async with comm.compute(len(x), share * FORWARD):
             with torch.set_grad_enabled(grad):
-                partial = F.linear(torch.relu(self.up(inp)), self.down)
+                if self.recompute:
+                    partial = checkpoint(self._local, self, inp, share)
+                else:
+                    partial = self._local(inp)
         summed = partial.detach().clone()
         await comm.allreduce(summed)  # g: the partial sums of the row-parallel layer
         summed.requires_grad_(grad)
         with torch.set_grad_enabled(grad):
             out = summed + self.bias
         return out, Saved(inp, partial, summed)
+
+    def _local(self, inp: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum of the block's output."""
+        return F.linear(torch.relu(self.up(inp)), self.down)
 
     async def backward(self, comm: Comm, saved: Saved, share: float) -> torch.Tensor | None:
         """Accumulate the slices' gradients; return the input's gradient (f), if it has one."""
@@ -116,10 +127,10 @@ class ParallelMLPBlock(nn.Module):
 class TensorParallelMLP(nn.Module):
     """The MLP on one rank: flatten, the parallel block, then the replicated head."""
 
-    def __init__(self, mlp: MLP, rank: int, degree: int) -> None:
+    def __init__(self, mlp: MLP, rank: int, degree: int, recompute: bool = False) -> None:
         super().__init__()
         _, first, _, second, _, last = mlp.net
-        self.block = ParallelMLPBlock(first, second, rank, degree)
+        self.block = ParallelMLPBlock(first, second, rank, degree, recompute)
         self.head = nn.Sequential(nn.ReLU(), copy.deepcopy(last))
         # Shares of the unsplit model's FLOPs, for the simulator's compute charges.
         total = sum(m.weight.numel() for m in (first, second, last))
@@ -192,7 +203,7 @@ async def evaluate(
 async def train(ctx: WorkerContext) -> None:
     """The program one worker runs: every rank reads the same batch and holds 1/p of the block."""
     cfg, comm = ctx.config, ctx.comm
-    model = TensorParallelMLP(ctx.build_model(), comm.rank, comm.world_size)
+    model = TensorParallelMLP(ctx.build_model(), comm.rank, comm.world_size, cfg.recompute)
     optimizer = make_optimizer(cfg, model.parameters())  # the slices, stepped locally
     await evaluate(ctx, model, epoch=0.0, step=0)
     step = 0
