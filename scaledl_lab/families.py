@@ -37,6 +37,8 @@ CAPABILITIES: dict[str, str] = {
     "batch_schedule": "batch_schedule=... grows the batch during the run",
     "checkpointable": "every step ends where no message is in flight (checkpoint_every=...)",
     "recomputes": "recompute=True: each layer's forward runs again in backward (memory)",
+    "mixed_precision": "precision=bfloat16|float16: each worker steps float32 master weights "
+    "of its 16-bit model",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 

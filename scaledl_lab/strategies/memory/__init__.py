@@ -11,7 +11,7 @@ FAMILY = register_family(
         name="memory",
         summary="sharded data parallelism: optimiser state, gradients, parameters over workers",
         strategies=described(*zero.DESCRIPTIONS),
-        capabilities={"recomputes": ("zero2", "zero3")},
+        capabilities={"recomputes": ("zero2", "zero3"), "mixed_precision": True},
         check=checks.check_memory,
     )
 )
