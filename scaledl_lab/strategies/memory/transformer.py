@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from ...config import ExperimentConfig
 from ...errors import ConfigError
-from ...training.precision import element_bytes
 from ...runtime.sim.cost import (
     DEVICES,
     build_cost_model,
@@ -37,6 +36,7 @@ from ...runtime.sim.cost import (
     ring_reduce_scatter_bytes,
 )
 from ...training.ledger import StepMemory
+from ...training.precision import element_bytes
 from .plan import STATE_TENSORS, Plan
 from .zero import STAGES
 
@@ -110,9 +110,7 @@ def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
         params={0: psi, 1: padded, 2: padded, 3: shard}[stage] * size,
         grads={0: psi, 1: padded, 2: shard, 3: shard}[stage] * size,
         optim=(psi if stage == 0 else shard) * k,
-        activations=model.activation_bytes(cfg.batch_size, size)
-        if not cfg.recompute
-        else math.nan,
+        activations=model.activation_bytes(cfg.batch_size, size) if not cfg.recompute else math.nan,
         buffers=math.nan,
     )
     cost = build_cost_model(cfg, model.forward_flops())
