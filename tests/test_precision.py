@@ -20,8 +20,9 @@ from scaledl_lab.models import build_model
 from scaledl_lab.runtime.base import shard_numel
 from scaledl_lab.runtime.collectives import ring_allreduce_bytes
 from scaledl_lab.strategies.memory.plan import plan
-from scaledl_lab.training import precision
-from scaledl_lab.training.precision import LossScale, probe
+from scaledl_lab.training import precision, precision_checks
+from scaledl_lab.training.precision import LossScale
+from scaledl_lab.training.precision_checks import probe
 from scaledl_lab.training.reference import one_thread
 from scaledl_lab.training.worker import load_for
 
@@ -418,7 +419,7 @@ def test_16_bits_refuse_compression():
 
 
 def test_a_cpu_that_cannot_run_float16_is_named(monkeypatch):
-    monkeypatch.setattr(precision, "probe", lambda dtype: "conv2d + max_pool2d (not built)")
+    monkeypatch.setattr(precision_checks, "probe", lambda dtype: "conv2d + max_pool2d (not built)")
     with pytest.raises(ConfigError) as err:
         _cfg(precision="float16", device="cpu")
     assert str(err.value) == (

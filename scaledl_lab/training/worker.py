@@ -26,6 +26,7 @@ from ..metrics import Row, record
 from ..models import build_model
 from ..params import state_dict_cpu
 from ..runtime.base import Comm
+from . import precision_checks  # noqa: F401  (the config's check of precision, registered)
 from .faults import kill_step
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
 from .precision import Precision
