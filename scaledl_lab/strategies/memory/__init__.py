@@ -1,6 +1,7 @@
 """Memory: sharding the model states over data-parallel workers, ZeRO's stages 1, 2 and 3
 (Rajbhandari et al. 2020; stage 3 is PyTorch FSDP's full shard): the flat sharded layers
-(:mod:`.flat`), the per-worker programs (:mod:`.zero`) and their checks (:mod:`.checks`)."""
+(:mod:`.flat`), the per-worker programs (:mod:`.zero`) and their checks (:mod:`.checks`);
+mixed precision's underflow and accuracy study (:mod:`.precision_study`)."""
 
 from ...families import Family, register_family
 from ..registry import described
