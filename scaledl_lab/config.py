@@ -51,6 +51,14 @@ def _steps_or_text(text: str) -> int | str:
     return int(text) if text.strip().lstrip("-").isdigit() else text
 
 
+def _scale_or_text(text: str) -> float | str:
+    """``--loss-scale``: ``dynamic`` or a number N."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _o(default: Any, help: str, **cli: Any) -> Any:
     """A core field: its default and how it reads on the command line."""
     return field(default=default, metadata=option(help, **cli))
@@ -97,6 +105,13 @@ class ExperimentConfig:
     bucket_mb: float = _o(4.0, "allreduce: gradient bucket size in MiB")
     device: str = _o("auto", "dask: auto uses GPUs if every worker has one", choices=DEVICES)
     precision: str = _o("float32", "the dtype of weights and data", choices=PRECISIONS)
+    loss_scale: float | str | None = _o(  # float16 only (scaledl_lab.training.precision)
+        None,
+        "float16: dynamic (the default: 2**16, halved on overflow, doubled after 2000 good "
+        "steps) or a static scale N",
+        metavar="dynamic|N",
+        parse=_scale_or_text,
+    )
     data_dir: str | None = _o(None, "where the datasets are (default: the usual places)")
     timeout_s: float = _o(60.0, "dask: seconds a collective or server call may wait")
     oversubscribe: bool = _o(False, "allow more real workers than CPU cores")
@@ -185,7 +200,9 @@ class ExperimentConfig:
 
     @property
     def dtype(self) -> torch.dtype:
-        return torch.float64 if self.precision == "float64" else torch.float32
+        """The dtype of the model's weights, gradients and data (16-bit precisions train
+        against float32 master weights: :mod:`scaledl_lab.training.precision`)."""
+        return getattr(torch, self.precision)
 
     @property
     def resolved_topology(self) -> str:

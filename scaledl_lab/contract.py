@@ -50,7 +50,10 @@ REMOVED_SERVER_TRANSPORTS: dict[str, str] = {
     "benchmark, and across machines too); 'auto', the default, takes it",
 }
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-PRECISIONS: tuple[str, ...] = ("float32", "float64")
+PRECISIONS: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
+# The precisions whose model trains in 16 bits against float32 master weights
+# (scaledl_lab.training.precision, Micikevicius et al. 2018).
+LOW_PRECISIONS: tuple[str, ...] = ("bfloat16", "float16")
 # Large batches (scaledl_lab.training.schedule): the learning-rate scaling rules.
 LR_SCALINGS: tuple[str, ...] = ("none", "linear", "sqrt")
 # Low communication (DiLoCo): the outer optimisers applied to the averaged outer gradient.

@@ -36,6 +36,8 @@ CAPABILITIES: dict[str, str] = {
     "accumulates": "accumulate=K micro-batches per update",
     "batch_schedule": "batch_schedule=... grows the batch during the run",
     "checkpointable": "every step ends where no message is in flight (checkpoint_every=...)",
+    "mixed_precision": "precision=bfloat16|float16: each worker steps float32 master weights "
+    "of its 16-bit model",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 

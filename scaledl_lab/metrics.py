@@ -30,6 +30,10 @@ Every run records one row per worker per step or evaluation. Columns:
   the bytes this worker held in that step for parameters, gradients when the optimiser steps,
   optimiser state, the most activations saved for backward alive at once, and the most
   communication buffers alive at once (:mod:`scaledl_lab.training.ledger`).
+- ``loss_scale``, ``skipped``: train rows of float16 runs (``precision="float16"``), the loss
+  scale S that step's backward multiplied the gradients by, and 1 where the step's update was
+  skipped because a gradient overflowed (dynamic scaling halves S then), else 0
+  (:mod:`scaledl_lab.training.precision`); NaN in every other run.
 
 Columns a row has no value for are NaN.
 """
@@ -48,6 +52,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
     "value", "calls", "effective_batch_size", "bytes_uncompressed",
     "mem_params", "mem_grads", "mem_optim", "mem_activations", "mem_buffers",
+    "loss_scale", "skipped",
 )  # fmt: skip
 
 # The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
@@ -83,6 +88,8 @@ class Row:
     mem_optim: float = NAN
     mem_activations: float = NAN
     mem_buffers: float = NAN
+    loss_scale: float = NAN
+    skipped: float = NAN
 
 
 def record(

@@ -282,8 +282,8 @@ def test_run_name_is_the_label():
     [
         (["--device", "tpu"], "device='tpu' is unknown; allowed: 'auto', 'cpu', 'cuda'"),
         (
-            ["--precision", "float16"],
-            "precision='float16' is unknown; allowed: 'float32', 'float64'",
+            ["--precision", "float8"],
+            "precision='float8' is unknown; allowed: 'float32', 'float64', 'bfloat16', 'float16'",
         ),
         (["--val-size", "-1"], "val_size=-1 must be a non-negative integer"),
         (["--bucket-mb", "0"], "bucket_mb=0.0 must be a positive number"),

@@ -5,7 +5,9 @@ states and the rest residual states).
 - ``params``: parameters held between steps (a ZeRO-3 rank: its shards);
 - ``grads``: gradients held when the optimiser steps (ZeRO-2/3: the shards' gradients);
 - ``optim``: optimiser state, the tensors shaped as what they step (momentum, Adam's two
-  moments, AdaGrad's sum; the scalar step counters are left out);
+  moments, AdaGrad's sum; the scalar step counters are left out); in 16 bits
+  (:mod:`.precision`) the float32 master weights too, while ``params`` and ``grads`` take 2
+  bytes per element: ZeRO's (2 + 2 + K)Ψ;
 - ``activations``: the most bytes saved for backward alive at once during the step, counted by
   ``torch.autograd.graph.saved_tensors_hooks`` (:class:`SavedTensors`): every distinct storage
   autograd keeps, less the parameters' own, so recomputation and pipelines show what they keep;

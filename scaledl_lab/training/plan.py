@@ -47,12 +47,16 @@ def load_for(cfg: ExperimentConfig) -> DataSplits:
     )
 
 
-def make_optimizer(cfg: ExperimentConfig, params: Any) -> torch.optim.Optimizer:
+def make_optimizer(cfg: ExperimentConfig, params: Any, precision: Any = None) -> Any:
     """The optimiser named by the config (every worker and the sequential twin use this).
+    With a 16-bit ``precision`` (:class:`.precision.Precision`), it steps float32 master
+    copies of ``params`` (:class:`.precision.MasterWeights`; clipping acts on them).
 
     SGD, Adam and AdaGrad step all tensors at once (``foreach``: the same arithmetic per element,
     the same numbers, fewer calls). ``clip_gradient``: every gradient element is clipped into
     [-c, c] before each step, as MXNet's optimisers do with ``clip_gradient``."""
+    if precision is not None:
+        return precision.optimizer(params, lambda masters: make_optimizer(cfg, masters))
     optimizer = _optimizer(cfg, params)
     if cfg.clip_gradient is not None:
         optimizer.register_step_pre_hook(_clipper(float(cfg.clip_gradient)))

@@ -26,8 +26,10 @@ from ..metrics import Row, record
 from ..models import build_model
 from ..params import state_dict_cpu
 from ..runtime.base import Comm
+from . import precision_checks  # noqa: F401  (the config's check of precision, registered)
 from .faults import kill_step
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
+from .precision import Precision
 from .schedule import StepPlan, set_lr
 
 __all__ = [
@@ -106,6 +108,7 @@ class WorkerContext:
         self.total_steps = self.plan.total_steps
         self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
         self.kill_step = kill_step(cfg.faults, cfg.workers, self.rank)  # an injected fault
+        self.precision = Precision.of(cfg)  # 16 bits: logits cast, master weights, loss scale
 
     # -- model and data -------------------------------------------------------------------
 
@@ -119,10 +122,15 @@ class WorkerContext:
             _TEMPLATES.clear()
             _TEMPLATES[key] = build_model(key[0], key[1], key[2], seed=key[3])
         model = families.prepare_model(self.config, copy.deepcopy(_TEMPLATES[key]))
-        return model.to(self.device, self.config.dtype)
+        model = model.to(self.device, self.config.dtype)
+        return model if self.precision is None else self.precision.attach(model)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return make_optimizer(self.config, model.parameters())
+        return self.make_optimizer(model.parameters())
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The config's optimiser of ``params``; in 16 bits, stepping float32 master weights."""
+        return make_optimizer(self.config, params, self.precision)
 
     def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         """Before local step ``step`` (0-based): the scheduled rate into every group; returned."""
@@ -219,6 +227,7 @@ class WorkerContext:
                 effective_batch_size=self.plan.effective_batch(step - 1),
                 bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
                 **(memory or {}),
+                **(self.precision.columns() if self.precision is not None else {}),
             )
         )
 

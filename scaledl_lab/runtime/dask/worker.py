@@ -18,6 +18,7 @@ from distributed import Queue, get_worker
 from ..base import Launch, clone_tensors
 from ..memory import freed_memory_kept
 from ..servers import ServerLoop
+from . import serial  # noqa: F401  (bfloat16 results and rows: pickled)
 from .comm import TorchComm
 from .devices import use_device
 from .p2p import P2PServer

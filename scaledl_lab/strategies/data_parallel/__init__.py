@@ -16,6 +16,7 @@ FAMILY = register_family(
             "accumulates": True,
             "batch_schedule": True,
             "checkpointable": True,
+            "mixed_precision": True,
         },
     )
 )

@@ -26,6 +26,7 @@ from ...models import build_model, model_flops
 from ...runtime.base import shard_numel
 from ...runtime.sim.cost import build_cost_model, reduce_scatter_time, ring_reduce_scatter_bytes
 from ...training.ledger import SavedTensors, StepMemory
+from ...training.precision import Precision, element_bytes
 from ..model_parallel.partition import layers
 from .flat import blocks
 from .recompute import recomputed_bytes
@@ -51,15 +52,20 @@ def plan(cfg: ExperimentConfig) -> Plan:
         raise ConfigError(f"plan predicts {', '.join(PLANNED)}; not strategy={cfg.strategy!r}")
     shape = sample_shape(cfg.dataset)
     model = build_model(cfg.model, shape, NUM_CLASSES, seed=cfg.seed).to(cfg.dtype)
-    size = torch.finfo(cfg.dtype).bits // 8
+    precision = Precision.of(cfg)  # 16 bits: the logits cast to float32, as a run's
+    model = model if precision is None else precision.attach(model)
+    size, master, state = element_bytes(cfg.precision)  # bytes per parameter
     n, stage = cfg.workers, STAGES.get(cfg.strategy, 0)
     units = [sum(p.numel() for p in b.parameters()) for b in blocks(layers(model))]
     units = [u for u in units if u]
     chunks = [shard_numel(u, n) for u in units]
     psi, padded, shard = sum(units), sum(c * n for c in chunks), sum(chunks)
-    k = STATE_TENSORS.get(cfg.optimizer, math.nan) * size
+    # K, ZeRO's optimiser bytes per parameter: its state tensors, and the float32 master
+    # weights in 16 bits (Adam: 4 + 8 = 12)
+    k = STATE_TENSORS.get(cfg.optimizer, math.nan) * state
     if cfg.optimizer == "sgd" and cfg.momentum == 0:
         k = 0
+    k += master
     params = {0: psi, 1: padded, 2: padded, 3: shard}[stage] * size
     grads = {0: psi, 1: padded, 2: shard, 3: shard}[stage] * size
     optim = (psi if stage == 0 else shard) * k
@@ -67,6 +73,11 @@ def plan(cfg: ExperimentConfig) -> Plan:
     memory.buffers = _buffers(cfg, model, [u * size for u in units], [c * size for c in chunks])
     step_s, sent = _step(cfg, model, shape, [c * n * size for c in chunks], psi * size)
     return Plan(memory, step_s, sent)
+
+
+def _checks_overflow(cfg: ExperimentConfig) -> bool:
+    precision = Precision.of(cfg)
+    return precision is not None and precision.checks_overflow
 
 
 def _activations(cfg: ExperimentConfig, model: torch.nn.Module, shape: tuple[int, ...]) -> float:
@@ -131,7 +142,9 @@ def _step(cfg, model, shape, padded: list[int], whole: int) -> tuple[float, int]
     cost = build_cost_model(cfg, model_flops(model, shape, NUM_CLASSES))
     n, net, algo = cfg.workers, cost.network, cost.allreduce
     compute = cost.step_time(0, n, 0, cfg.batch_size) * (4 / 3 if cfg.recompute else 1)
-    loss_s, loss_b = cost.allreduce_time(8, n), cost.allreduce_bytes(8, n)
+    # The loss (float64), and with dynamic loss scaling at a ZeRO stage the overflow verdict
+    stats = 16 if cfg.strategy in STAGES and _checks_overflow(cfg) else 8
+    loss_s, loss_b = cost.allreduce_time(stats, n), cost.allreduce_bytes(stats, n)
     if cfg.strategy in STAGES:
         passes = 3 if STAGES[cfg.strategy] == 3 else 2
         seconds = passes * sum(reduce_scatter_time(b, n, net, algo) for b in padded)

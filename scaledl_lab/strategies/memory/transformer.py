@@ -13,6 +13,10 @@ GELU's input and output (16sbh each): 64sbh + 4as²b bytes — Korthikanti et al
 34sbh + 5as²b, derived again for 4-byte activations without dropout masks — and once, the final
 LayerNorm's input and output (8sbh) and log-softmax's output (4sbV). Left out: the LayerNorm
 statistics (8sb bytes per norm), the token ids and the causal mask, under 1% at any useful size.
+In 16 bits (``precision`` bfloat16 or float16) every saved activation takes 2 bytes, half of
+the above, but for log-softmax's output (the logits are cast to float32 for the loss); the model
+states take 2 bytes per parameter and gradient and K = 4 + the optimiser's float32 state (the
+master weights, :mod:`scaledl_lab.training.precision`).
 It assumes attention on views of the QKV output, as Megatron's sequence-first layout computes it
 (a batch-first ``matmul`` copies Q, K and V).
 Forward FLOPs per sequence: 2·Ψ_blocks·s + 4·L·s²·h (Kaplan et al. 2020).
@@ -42,6 +46,7 @@ from ...runtime.sim.cost import (
     ring_reduce_scatter_bytes,
 )
 from ...training.ledger import StepMemory
+from ...training.precision import element_bytes
 from .plan import STATE_TENSORS, Plan
 from .zero import STAGES
 
@@ -79,19 +84,21 @@ class Transformer:
         h = self.hidden
         return (self.vocabulary + self.sequence) * h + self.layers * self.block_parameters + 2 * h
 
-    def activation_bytes(self, batch: int) -> int:
+    def activation_bytes(self, batch: int, element: int = 4) -> int:
+        """Bytes saved for backward with ``element``-byte activations (float32 log-softmax)."""
         s, b, h, a = self.sequence, batch, self.hidden, self.heads
-        blocks = self.layers * (64 * s * b * h + 4 * a * s * s * b)
-        return blocks + 8 * s * b * h + 4 * s * b * self.vocabulary
+        blocks = self.layers * (16 * s * b * h + a * s * s * b) * element
+        return blocks + 2 * s * b * h * element + 4 * s * b * self.vocabulary
 
-    def recomputed_activation_bytes(self, batch: int) -> int:
-        """What recomputation keeps at its worst moment (the module's docstring): the
-        checkpoints of every segment, and the block or the head run again."""
+    def recomputed_activation_bytes(self, batch: int, element: int = 4) -> int:
+        """What recomputation keeps at its worst moment (the module's docstring), with
+        ``element``-byte activations: the checkpoints of every segment, and the block or the
+        head run again (float32 log-softmax)."""
         s, b, h, a, layers = self.sequence, batch, self.hidden, self.heads, self.layers
-        checkpoint = 4 * s * b * h  # a segment's input
+        checkpoint = element * s * b * h  # a segment's input
         forward_end = (layers + 1) * checkpoint + 4 * s * b * self.vocabulary
         head = (layers + 2) * checkpoint
-        block = layers * checkpoint + 60 * s * b * h + 4 * a * s * s * b
+        block = layers * checkpoint + (15 * s * b * h + a * s * s * b) * element
         return max(forward_end, head, block)
 
     def forward_flops(self) -> int:
@@ -111,20 +118,22 @@ def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
             f"a transformer plan takes its compute time from a device's FLOP rate "
             f"({', '.join(DEVICES)}), not from compute_profile={cfg.compute_profile!r}"
         )
-    n, size, stage = cfg.workers, 4, STAGES.get(cfg.strategy, 0)
+    n, stage = cfg.workers, STAGES.get(cfg.strategy, 0)
+    size, master, state = element_bytes(cfg.precision)
     units = [model.block_parameters] * model.layers
     units.append((model.vocabulary + model.sequence) * model.hidden + 2 * model.hidden)
     psi = model.parameters
     padded = sum(-(-u // n) * n for u in units)
     shard = padded // n
-    k = 0 if cfg.optimizer == "sgd" and cfg.momentum == 0 else STATE_TENSORS[cfg.optimizer] * size
+    tensors = 0 if cfg.optimizer == "sgd" and cfg.momentum == 0 else STATE_TENSORS[cfg.optimizer]
+    k = master + tensors * state
     memory = StepMemory(
         params={0: psi, 1: padded, 2: padded, 3: shard}[stage] * size,
         grads={0: psi, 1: padded, 2: shard, 3: shard}[stage] * size,
         optim=(psi if stage == 0 else shard) * k,
-        activations=model.recomputed_activation_bytes(cfg.batch_size)
+        activations=model.recomputed_activation_bytes(cfg.batch_size, size)
         if cfg.recompute
-        else model.activation_bytes(cfg.batch_size),
+        else model.activation_bytes(cfg.batch_size, size),
         buffers=math.nan,
     )
     cost = build_cost_model(cfg, model.forward_flops())

@@ -35,7 +35,7 @@ from torch import nn
 from ...runtime.base import Pending
 from ...training.ledger import Peak, SavedTensors, StepMemory, nbytes, optimizer_state_bytes
 from ...training.recompute import buffers_kept
-from ...training.worker import StepStats, WorkerContext, check_finite, make_optimizer
+from ...training.worker import StepStats, WorkerContext, check_finite
 from ..model_parallel.partition import layers as model_layers
 from ..registry import register
 from .flat import FlatUnit, blocks, flat_units
@@ -56,7 +56,10 @@ class ShardedModel:
         self.ctx, self.comm, self.model, self.stage = ctx, ctx.comm, model, stage
         self.layers = blocks(model_layers(model))
         self.units = flat_units(self.layers, ctx.rank, ctx.world_size, private_shard=stage == 3)
-        self.optimizer = make_optimizer(ctx.config, self.shards)
+        self.optimizer = ctx.make_optimizer(self.shards)  # 16 bits: float32 master shards
+        # The loss of the layer-by-layer stages takes the last layer's output as the model's
+        # forward hook gives it (16 bits: cast to float32, the gradient loss-scaled).
+        self.to_loss = (lambda out: out) if ctx.precision is None else ctx.precision.logits
         self.pending: list[tuple[FlatUnit, Pending]] = []
         self.buffers, self.saved = Peak(), SavedTensors()
 
@@ -130,7 +133,7 @@ class ShardedModel:
             h = out
         logits = h
         with self.saved.counting(self.model, params_move=True):
-            loss = F.cross_entropy(logits, y) if not recompute else None
+            loss = F.cross_entropy(self.to_loss(logits), y) if not recompute else None
         del h  # with recompute, the checkpoints hold the layers' inputs, nothing else
         grad: torch.Tensor | None = None
         for i in reversed(range(len(self.layers))):
@@ -148,7 +151,7 @@ class ShardedModel:
                         with buffers_kept(layer):
                             out = layer(inp)
                     if i == len(self.layers) - 1 and loss is None:
-                        loss = F.cross_entropy(out, y)
+                        loss = F.cross_entropy(self.to_loss(out), y)
                 if i == len(self.layers) - 1:
                     loss.backward()
                 else:
@@ -175,9 +178,13 @@ class ShardedModel:
             await self._finish(unit, pending)
         self.pending = []
 
-    async def step(self) -> None:
-        """Step the shards; stages 1 and 2 then gather the updated parameters."""
-        self.optimizer.step()
+    async def step(self, found_inf: bool | None = None) -> None:
+        """Step the shards; stages 1 and 2 then gather the updated parameters. ``found_inf``:
+        whether some rank's shard of the gradient overflowed (dynamic loss scaling)."""
+        if found_inf is None:
+            self.optimizer.step()
+        else:
+            self.optimizer.step(found_inf=found_inf)
         if self.stage < 3:
             for unit in self.units.values():
                 await unit.gather(self.comm, self.buffers)
@@ -202,13 +209,16 @@ async def train(ctx: WorkerContext) -> None:
         sent_before = comm.bytes_sent
         stats = await sharded.forward_backward(x, y)
         await sharded.reduce()
-        # The loss goes to every worker, so that each sees a divergence at once.
-        total = await comm.allreduce(torch.tensor([stats.loss], dtype=torch.float64))
+        # The loss goes to every worker, so that each sees a divergence at once; with dynamic
+        # loss scaling, so does whether a shard's gradient overflowed (one verdict for all).
+        checks = ctx.precision is not None and ctx.precision.checks_overflow
+        values = [stats.loss, float(sharded.optimizer.found_inf())] if checks else [stats.loss]
+        total = await comm.allreduce(torch.tensor(values, dtype=torch.float64))
         check_finite(
             total[0].item(), rank=ctx.rank, epoch=ctx.plan.epoch_of(step - 1), step=step - 1
         )
         lr = ctx.set_lr(sharded.optimizer, step - 1)
-        await sharded.step()
+        await sharded.step(found_inf=bool(total[1] > 0) if checks else None)
         memory = sharded.memory().columns()
         sharded.optimizer.zero_grad()
         ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr, memory=memory)
