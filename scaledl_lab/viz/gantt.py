@@ -3,7 +3,10 @@
 Every forward and backward of a pipeline stage is one row of the events table (run, rank,
 replica, stage, step, micro-batch, phase, start, end). Within one step of one replica, a stage is
 busy for the sum of its events and the step lasts from the first start to the last end; the
-bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPipe and 1F1B alike.
+bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPipe and 1F1B alike,
+(p − 1)/(V·M + p − 1) for interleaved 1F1B and about a third of 1F1B's for zero bubble H1
+(:func:`~scaledl_lab.strategies.model_parallel.schedules.bubble`); :func:`compare_schedules`
+draws the four side by side.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
 
-PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452"}
+from ..strategies.model_parallel import schedules
+
+PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+PHASE_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
 
 
 def bubble_theory(
@@ -96,21 +102,26 @@ def plot_pipeline(
         _, ax = plt.subplots(figsize=(9, 0.6 * rows["stage"].nunique() + 1.2))
     t0, t1 = rows["start"].min(), rows["end"].max()
     stages = sorted(rows["stage"].unique())
+    chunked = "chunk" in rows and rows["chunk"].nunique() > 1  # interleaved: chunks shaded
     for s in stages:
         ax.barh(s, t1 - t0, left=t0, height=0.8, color="#DDDDDD", hatch="//", edgecolor="white")
         for e in rows[rows["stage"] == s].itertuples():
-            ax.barh(s, e.end - e.start, left=e.start, height=0.8,
+            chunk = int(e.chunk) if chunked else 0
+            ax.barh(s, e.end - e.start, left=e.start, height=0.8, alpha=1 - 0.45 * min(chunk, 1),
                     color=PHASE_COLOURS[e.phase], edgecolor="black", linewidth=0.4)  # fmt: skip
             if (e.end - e.start) > 0.02 * (t1 - t0):  # label the bars wide enough to read
-                ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
-                        va="center", fontsize=7, color="white")  # fmt: skip
+                label = f"{e.phase}{e.micro_batch}" + (f".{chunk}" if chunked else "")
+                ax.text((e.start + e.end) / 2, s, label, ha="center",
+                        va="center", fontsize=7, color="black" if chunk else "white")  # fmt: skip
     idle = step_bubbles(rows)["idle"].mean()
     xlabel = "time from the step's start (s)" if from_zero else "time (s)"
     ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel=xlabel)
     ax.invert_yaxis()
-    handles = [Patch(color=PHASE_COLOURS["F"], label="forward"),
-               Patch(color=PHASE_COLOURS["B"], label="backward"),
-               Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)")]  # fmt: skip
+    handles = [Patch(color=PHASE_COLOURS[ph], label=PHASE_NAMES[ph])
+               for ph in PHASE_COLOURS if ph in set(rows["phase"])]  # fmt: skip
+    if chunked:
+        handles.append(Patch(facecolor="#999999", alpha=0.55, label="later chunk (.c)"))
+    handles.append(Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run}, step {step}: bubble (hatched) {idle:.0%} of the step")
     return ax
@@ -122,7 +133,9 @@ def summary_markdown(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any
     table = bubble_summary(events, outputs)
     lines = [
         "| run | stages | micro-batches | bubble measured (mean over stages) | theory "
-        "(p−1)/(M+p−1) | peak stashed micro-batches per stage | peak stashed MiB per stage |",
+        "(p−1)/(M+p−1), equal stages (interleaved: (p−1)/(V·M+p−1); zb-h1: "
+        "(p−1)/(3M+p−1) for M ≥ p) | peak stashed micro-batches per stage | peak stashed MiB "
+        "per stage |",
         "| :--- | ---: | ---: | ---: | ---: | :--- | :--- |",
     ]
     for cfg in configs:
@@ -134,6 +147,58 @@ def summary_markdown(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any
         mib = ", ".join(f"{v / 2**20:.2f}" for v in rows.get("peak_stashed_bytes", []))
         lines.append(
             f"| {cfg.label} | {p} | {m} | {rows['bubble'].mean():.1%} | "
-            f"{bubble_theory(p, m):.1%} | {peaks} | {mib} |"
+            f"{schedules.bubble(cfg.strategy, p, m, cfg.virtual_stages):.1%} | {peaks} | {mib} |"
         )
     return "\n".join(lines) + "\n"
+
+
+FOUR_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def compare_schedules(
+    stages: int = 4,
+    micro_batches: int = 8,
+    virtual_stages: int = 2,
+    strategies: Sequence[str] = FOUR_SCHEDULES,
+    fig: Any = None,
+    **config: Any,
+) -> pd.DataFrame:
+    """Run the pipeline schedules on the simulator (free messages unless ``network`` is given;
+    the CNN on Fashion-MNIST unless ``config`` says otherwise) and draw their Gantt charts one
+    above the other, on one time axis. Returns per strategy: the bubble measured from the
+    events, the one the cost model predicts for the run's own stage costs (the schedule
+    replayed, :func:`~scaledl_lab.strategies.model_parallel.schedules.predicted_bubble`), the
+    formula with equal stages, and the peak stashed micro-batches (most over the stages)."""
+    from .. import families
+    from ..config import ExperimentConfig
+    from ..experiment import run
+
+    base = dict(
+        runtime="sim", workers=stages, model="cnn", dataset="fashion-mnist",
+        micro_batches=micro_batches, batch_size=4 * micro_batches, max_steps=2,
+        train_subset=16 * micro_batches, test_subset=16, val_size=16, network="custom:0:1e18",
+    )  # fmt: skip
+    base.update(config)
+    if fig is None:
+        fig = plt.figure(figsize=(11, 2.2 * len(strategies)))
+    axes = fig.subplots(len(strategies), 1, sharex=True, squeeze=False)[:, 0]
+    records = []
+    for name, ax in zip(strategies, axes, strict=True):
+        v = virtual_stages if families.has(name, "interleaves") else 1
+        cfg = ExperimentConfig(strategy=name, virtual_stages=v, **base)
+        res = run(cfg, progress=False)
+        outs = [o for o in res.outputs[cfg.label] if o.get("replica", 0) == 0]
+        shares = dict(kv for o in outs for kv in o["chunk_shares"].items())
+        p, m = cfg.model_parallel_size, cfg.micro_batches
+        measured = bubble_summary(res.events)["bubble"].mean()
+        predicted = schedules.predicted_bubble(name, p, m, v, [shares[k] for k in sorted(shares)])
+        formula = schedules.bubble(name, p, m, v)
+        plot_pipeline(res.events, cfg.label, step=1, ax=ax, from_zero=True)
+        ax.set_title(f"{name}" + (f" (V={v})" if v > 1 else "") + f": bubble measured "
+                     f"{measured:.1%}, predicted {predicted:.1%}, equal stages {formula:.1%}",
+                     fontsize=9)  # fmt: skip
+        peak = max(o["peak_stashed"] for o in outs)
+        records.append((name, v, measured, predicted, formula, peak))
+    columns = ["strategy", "virtual_stages", "measured", "predicted", "equal_stages",
+               "peak_stashed"]  # fmt: skip
+    return pd.DataFrame(records, columns=columns)

@@ -1,5 +1,6 @@
 """The model-parallel options: stages per replica, micro-batches, how layers are balanced over
-the stages, recomputation (checked in :mod:`.partition`)."""
+the stages, model chunks per worker (interleaving), recomputation (checked in
+:mod:`.partition`)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ class ModelParallelOptions:
         default=None, metadata=option("pipelines: stages per replica (default: every worker)")
     )
     micro_batches: int = field(
-        default=1, metadata=option("gpipe, 1f1b: micro-batches per mini-batch")
+        default=1, metadata=option("pipelines: micro-batches per mini-batch")
     )
     balance: str = field(
         default="params", metadata=option("pipelines: params | time | layers per stage 2,3,1")
+    )
+    virtual_stages: int = field(
+        default=1,
+        metadata=option("interleaved-1f1b: model chunks per worker (p·V virtual stages)"),
     )
     recompute: bool = field(
         default=False, metadata=option("gpipe, 1f1b, zero2, zero3: recompute forwards in backward")

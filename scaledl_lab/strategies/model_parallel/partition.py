@@ -172,6 +172,7 @@ def check_model_parallel(cfg: Any) -> None:
     """Config errors of the model-parallel strategies (stages, micro-batches, balance,
     tensor-parallel degree), each one line naming the field, before any cluster starts."""
     name = cfg.strategy
+    _check_virtual_stages(cfg)
     if not families.has(name, "pipeline"):
         for option, default in (("stages", None), ("micro_batches", 1), ("recompute", False)):
             if option == "recompute" and families.has(name, "recomputes"):
@@ -204,6 +205,19 @@ def check_model_parallel(cfg: Any) -> None:
         )
     if name == "model-parallel" and cfg.recompute:
         raise ConfigError("recompute=True applies to 'gpipe' and '1f1b', not 'model-parallel'")
+    if name == "zb-h1" and cfg.recompute:
+        raise ConfigError(
+            "recompute=True is not supported by strategy='zb-h1': its weight gradient W runs "
+            "after B on the graph B keeps, the memory recomputation would free; use '1f1b' or "
+            "'interleaved-1f1b' with recompute"
+        )
+    p, v = cfg.model_parallel_size, cfg.virtual_stages
+    if v > 1 and cfg.micro_batches % p:
+        raise ConfigError(
+            f"micro_batches={cfg.micro_batches} is not a multiple of stages={p}: interleaved "
+            f"1F1B with virtual_stages={v} sends micro-batches through the chunks in groups of "
+            f"{p}; choose a multiple of {p}"
+        )
     if cfg.batch_size % cfg.micro_batches:
         raise ConfigError(
             f"micro_batches={cfg.micro_batches} does not divide the per-replica "
@@ -212,10 +226,30 @@ def check_model_parallel(cfg: Any) -> None:
     _check_split(cfg, sample_shape(cfg.dataset))
 
 
+def _check_virtual_stages(cfg: Any) -> None:
+    """``virtual_stages``: a positive integer, other than 1 only for interleaved 1F1B."""
+    v = cfg.virtual_stages
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ConfigError(f"virtual_stages={v!r} must be a positive integer")
+    if v != 1 and not families.has(cfg.strategy, "interleaves"):
+        names = ", ".join(repr(n) for n in families.with_capability("interleaves"))
+        raise ConfigError(
+            f"virtual_stages={v} applies only to strategy={names} (model chunks per worker), "
+            f"not to strategy={cfg.strategy!r}"
+        )
+
+
 def _check_split(cfg: Any, input_shape: tuple[int, ...]) -> None:
     if families.has(cfg.strategy, "pipeline"):
-        stages = cfg.model_parallel_size
-        parse_balance(cfg.balance, layer_count(cfg.model, input_shape), stages)
+        stages, v = cfg.model_parallel_size, cfg.virtual_stages
+        total = layer_count(cfg.model, input_shape)
+        if v > 1 and stages * v > total:
+            raise ConfigError(
+                f"virtual_stages={v} × stages={stages} = {stages * v} virtual stages exceed the "
+                f"model's {total} layers (cfg.model={cfg.model!r}): every virtual stage needs "
+                f"one; use at most virtual_stages={total // stages}"
+            )
+        parse_balance(cfg.balance, total, stages * v)
     elif cfg.strategy == "tensor-parallel":
         if cfg.model != "mlp":
             raise ConfigError(
