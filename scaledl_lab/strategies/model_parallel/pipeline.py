@@ -368,7 +368,7 @@ DESCRIPTIONS: dict[str, str] = {
     "gpipe": "GPipe: micro-batches fill then drain the pipeline, one step per mini-batch",
     "1f1b": "1F1B (PipeDream-flush): one forward, one backward; fewer activations stashed",
     "interleaved-1f1b": "interleaved 1F1B (Megatron-LM): V model chunks per worker "
-    "(--virtual-stages), a V times smaller bubble for V times the messages",
+    "(--virtual-stages), a V times smaller bubble for about V times the messages",
     "zb-h1": "zero bubble H1: backward split into input (B) and weight (W) gradients, the Ws "
     "deferred into 1F1B's cool-down bubble",
 }
