@@ -339,8 +339,10 @@ def test_the_zb_h1_bubble_is_a_third_of_1f1bs(monkeypatch, p, m):
         assert idle_zb == pytest.approx(idle_1f1b / 3)
     phases = res.events.groupby("phase")["micro_batch"].count().to_dict()
     assert phases == {F: p * m, B: p * m, W: p * m}
-    peaks = [o["peak_stashed"] for o in res.outputs[res.configs[0].label]]
-    assert peaks == [min(p - s, m) for s in range(p)]  # 1F1B's
+    outs = res.outputs[res.configs[0].label]
+    assert [o["peak_stashed"] for o in outs] == [min(p - s, m) for s in range(p)]  # 1F1B's
+    # Those waiting for W too, as the pure schedule counts them.
+    assert [o["peak_stashed_until_w"] for o in outs] == [in_flight(o, W) for o in zb_h1(p, m)]
 
 
 # -- real Dask ------------------------------------------------------------------------------------
