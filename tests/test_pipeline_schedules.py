@@ -253,6 +253,24 @@ def test_interleaved_and_zb_h1_equal_gpipe_and_single_process_training(
     assert max_diff(res.model_state_dict(), ours) == 0.0
 
 
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_bit_for_bit_zb_h1_is_1f1b_and_interleaving_is_1f1b_over_p_v_workers(model):
+    # Each stage (chunk) accumulates its micro-batches' weight gradients in the same order,
+    # with the same kernels: ZB-H1's Ws in 1F1B's order of backwards, and interleaving's
+    # chunks as 1F1B's stages when every virtual stage has a worker of its own.
+    common = dict(runtime="sim", model=model, precision="float64", micro_batches=4,
+                  batch_size=16, max_steps=10, momentum=0.9, **TINY)  # fmt: skip
+    pairs = [
+        (ExperimentConfig(strategy="zb-h1", workers=2, **common),
+         ExperimentConfig(strategy="1f1b", workers=2, **common)),
+        (ExperimentConfig(strategy="interleaved-1f1b", virtual_stages=2, workers=2, **common),
+         ExperimentConfig(strategy="1f1b", workers=4, **common)),
+    ]  # fmt: skip
+    for ours, ref in pairs:
+        a, b = run(ours, progress=False), run(ref, progress=False)
+        assert max_diff(merged_state(a, ours), merged_state(b, ref)) == 0.0
+
+
 def test_zb_h1_and_interleaving_with_data_parallel_replicas_equal_the_combined_batch():
     for strategy, virtual in (("zb-h1", 1), ("interleaved-1f1b", 2)):
         cfg = ExperimentConfig(
