@@ -24,9 +24,10 @@ from scaledl_lab.strategies.model_parallel.schedules import (
     one_f_one_b,
     zb_h1,
 )
+from scaledl_lab.strategies.model_parallel.study import compare_schedules
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
-from scaledl_lab.viz.gantt import compare_schedules, step_bubbles
+from scaledl_lab.viz.gantt import step_bubbles
 
 TINY = dict(
     dataset="fashion-mnist", train_subset=480, test_subset=64, val_size=64, epochs=1, lr=0.05

@@ -5,8 +5,9 @@ replica, stage, step, micro-batch, phase, start, end). Within one step of one re
 busy for the sum of its events and the step lasts from the first start to the last end; the
 bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPipe and 1F1B alike,
 (p − 1)/(V·M + p − 1) for interleaved 1F1B and about a third of 1F1B's for zero bubble H1
-(:func:`~scaledl_lab.strategies.model_parallel.schedules.bubble`); :func:`compare_schedules`
-draws the four side by side.
+(:func:`~scaledl_lab.strategies.model_parallel.schedules.bubble`);
+:func:`scaledl_lab.strategies.model_parallel.study.compare_schedules` draws the four side by
+side.
 """
 
 from __future__ import annotations
@@ -150,55 +151,3 @@ def summary_markdown(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any
             f"{schedules.bubble(cfg.strategy, p, m, cfg.virtual_stages):.1%} | {peaks} | {mib} |"
         )
     return "\n".join(lines) + "\n"
-
-
-FOUR_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-
-
-def compare_schedules(
-    stages: int = 4,
-    micro_batches: int = 8,
-    virtual_stages: int = 2,
-    strategies: Sequence[str] = FOUR_SCHEDULES,
-    fig: Any = None,
-    **config: Any,
-) -> pd.DataFrame:
-    """Run the pipeline schedules on the simulator (free messages unless ``network`` is given;
-    the CNN on Fashion-MNIST unless ``config`` says otherwise) and draw their Gantt charts one
-    above the other, on one time axis. Returns per strategy: the bubble measured from the
-    events, the one the cost model predicts for the run's own stage costs (the schedule
-    replayed, :func:`~scaledl_lab.strategies.model_parallel.schedules.predicted_bubble`), the
-    formula with equal stages, and the peak stashed micro-batches (most over the stages)."""
-    from .. import families
-    from ..config import ExperimentConfig
-    from ..experiment import run
-
-    base = dict(
-        runtime="sim", workers=stages, model="cnn", dataset="fashion-mnist",
-        micro_batches=micro_batches, batch_size=4 * micro_batches, max_steps=2,
-        train_subset=16 * micro_batches, test_subset=16, val_size=16, network="custom:0:1e18",
-    )  # fmt: skip
-    base.update(config)
-    if fig is None:
-        fig = plt.figure(figsize=(11, 2.2 * len(strategies)))
-    axes = fig.subplots(len(strategies), 1, sharex=True, squeeze=False)[:, 0]
-    records = []
-    for name, ax in zip(strategies, axes, strict=True):
-        v = virtual_stages if families.has(name, "interleaves") else 1
-        cfg = ExperimentConfig(strategy=name, virtual_stages=v, **base)
-        res = run(cfg, progress=False)
-        outs = [o for o in res.outputs[cfg.label] if o.get("replica", 0) == 0]
-        shares = dict(kv for o in outs for kv in o["chunk_shares"].items())
-        p, m = cfg.model_parallel_size, cfg.micro_batches
-        measured = bubble_summary(res.events)["bubble"].mean()
-        predicted = schedules.predicted_bubble(name, p, m, v, [shares[k] for k in sorted(shares)])
-        formula = schedules.bubble(name, p, m, v)
-        plot_pipeline(res.events, cfg.label, step=1, ax=ax, from_zero=True)
-        ax.set_title(f"{name}" + (f" (V={v})" if v > 1 else "") + f": bubble measured "
-                     f"{measured:.1%}, predicted {predicted:.1%}, equal stages {formula:.1%}",
-                     fontsize=9)  # fmt: skip
-        peak = max(o["peak_stashed"] for o in outs)
-        records.append((name, v, measured, predicted, formula, peak))
-    columns = ["strategy", "virtual_stages", "measured", "predicted", "equal_stages",
-               "peak_stashed"]  # fmt: skip
-    return pd.DataFrame(records, columns=columns)

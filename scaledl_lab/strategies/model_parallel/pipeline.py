@@ -2,24 +2,21 @@
 (PipeDream-flush, Narayanan et al. 2021), interleaved 1F1B (Narayanan et al. 2021, Megatron-LM)
 and zero bubble H1 (Qi et al. 2023), times data parallelism across pipeline replicas.
 
-The model's ordered layers (:mod:`.partition`) are cut into ``p·V`` contiguous virtual stages
+The model's ordered layers (:mod:`.partition`) are cut into p·V contiguous virtual stages
 (``p = cfg.stages``, ``V = cfg.virtual_stages``, 1 but for interleaving); worker k of replica r
 runs on rank r·p + k and holds chunks k, k + p, …, k + (V − 1)·p. A mini-batch is cut into
-``M = cfg.micro_batches`` micro-batches; each worker runs its schedule (:mod:`.schedules`), a
-list of forwards and backwards of its chunks: a forward receives the activations of the previous
-virtual stage (the first reads the batch), runs the chunk's layers and sends its output on; a
-backward receives the gradient of that output from the next virtual stage (the last starts from
-the loss), runs backward through the chunk and sends the gradient of its input back. With p ≥ 2
-consecutive virtual stages always sit on different workers, so every boundary is a message
-(:mod:`.channels` takes them in the order they were sent). Zero bubble splits the backward: B
-takes the gradient of the chunk's input only (``torch.autograd.grad``, the graph kept) and W,
-later, that of its weights (``backward(inputs=params)``); W runs autograd again from the chunk's
-output, so on real workers it repeats the gradients of the chunk's inner activations that B has
-taken, while the simulator charges F, B and W a third of the chunk's step each. Gradients
-accumulate over the micro-batches; one optimiser step per mini-batch, after the replicas of each
-stage have averaged their gradients (an allreduce within the stage's group). With ``recompute``
-a stage keeps only its inputs and runs the forward again during backward (GPipe's
-re-materialisation).
+``M = cfg.micro_batches`` micro-batches; each worker runs its schedule (:mod:`.schedules`): a
+forward receives the activations of the previous virtual stage (the first reads the batch), runs
+the chunk's layers and sends its output on; a backward receives the gradient of that output from
+the next virtual stage (the last starts from the loss) and sends the gradient of its input back.
+With p ≥ 2 consecutive virtual stages sit on different workers, so every boundary is a message
+(:mod:`.channels`). Zero bubble splits the backward: B takes the gradient of the chunk's input
+only (``torch.autograd.grad``, the graph kept), W later that of its weights
+(``backward(inputs=params)``, which on real workers runs again through the chunk's inner
+activation gradients; the simulator charges F, B and W a third of the chunk's step each).
+Gradients accumulate over the micro-batches; one optimiser step per mini-batch, after the
+replicas of each stage have averaged their gradients (an allreduce within the stage's group).
+With ``recompute`` a stage keeps only its inputs and runs the forward again during backward.
 
 ``model-parallel`` is GPipe with one micro-batch: one stage busy at a time.
 
@@ -32,6 +29,7 @@ stage, micro-batch, phase, start, end, chunk) from which the bubble is measured.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -43,22 +41,13 @@ from ...params import flat_grad, write_grads
 from ...runtime.base import Group, Pending
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
 from ..registry import register
-from . import channels, partition, schedules
+from . import backward, channels, partition, schedules
+from .partition import Chunk
 
 
-class Chunk:
-    """One virtual stage of this worker: its layers, shapes and share of a step's cost."""
-
-    def __init__(
-        self, virtual: int, layers: nn.Sequential, in_shape: torch.Size, out_shape: torch.Size,
-        share: float, last: int, stages: int,
-    ) -> None:  # fmt: skip
-        self.virtual, self.layers, self.share = virtual, layers, share
-        self.in_shape, self.out_shape = in_shape, out_shape
-        self.is_first, self.is_last = virtual == 0, virtual == last
-        self.params = [p for p in layers.parameters() if p.requires_grad]
-        self.prev_worker = (virtual - 1) % stages  # ranks relative to the replica's first
-        self.next_worker = (virtual + 1) % stages
+def loss_of(logits: torch.Tensor, y: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """A micro-batch's share of the mini-batch's mean loss (its sum over the whole batch)."""
+    return F.cross_entropy(logits, y, reduction="sum") / batch_size
 
 
 class Stage:
@@ -106,6 +95,7 @@ class Stage:
         self.micro = len(sample)
         schedule = schedules.schedule(cfg.strategy, self.stages, cfg.micro_batches, self.virtual)
         self.ops = schedule[self.index]
+        self.splits_backward = any(op[0] == "W" for op in self.ops)  # B (input) and W (weights)
         sent = channels.messages(schedule)
         self.expected = {src: keys for (src, dst), keys in sent.items() if dst == self.index}
         # Groups (every rank creates every group, in the same order): each replica's pipeline,
@@ -160,54 +150,30 @@ class Stage:
                         out = chunk.layers(inp)
                         if chunk.is_last:
                             correct += int((out.argmax(1) == ys[m]).sum().item())
-                            out = F.cross_entropy(out, ys[m], reduction="sum") / cfg.batch_size
+                            out = loss_of(out, ys[m], cfg.batch_size)
                 end = comm.now()  # before the send: a receiver may start before isend returns
                 if chunk.is_last:
                     loss_sum += out.item()
                 else:
                     sends.append(self._send(out.detach(), chunk.next_worker))
                 stash[(c, m)] = (inp, out)
-            elif phase == "B" and not self.splits_backward:
+            elif phase == "B":
                 inp, out = stash.pop((c, m))
                 grad = await self._output_grad(inbox, m, chunk)
                 start = comm.now()
-                share = chunk.share * (1.0 if cfg.recompute else 2 / 3)
-                async with comm.compute(len(inp), share):
-                    # The forward again, with autograd; BatchNorm's running statistics must
-                    # move once per micro-batch, so they are put back after the backward.
-                    saved = (
-                        [b.detach().clone() for b in chunk.layers.buffers()]
-                        if cfg.recompute
-                        else []
-                    )
-                    if cfg.recompute:
-                        out = self._forward_with_loss(chunk, inp, ys[m])
-                    if out.requires_grad:  # a first stage without parameters has no graph
-                        out.backward(grad)
-                    if cfg.recompute:
-                        with torch.no_grad():
-                            for b, s in zip(chunk.layers.buffers(), saved, strict=True):
-                                b.copy_(s)
-                end = comm.now()
-                if not chunk.is_first:
-                    sends.append(self._send(inp.grad, chunk.prev_worker))
-            elif phase == "B":  # zero bubble: the gradient of the input only, the graph kept
-                inp, out = stash.pop((c, m))
-                grad = await self._output_grad(inbox, m, chunk)
-                start = comm.now()
-                async with comm.compute(len(inp), chunk.share / 3):
-                    if not chunk.is_first:  # the first stage's input needs no gradient
-                        (grad_in,) = torch.autograd.grad(out, inp, grad, retain_graph=True)
+                if self.splits_backward:  # zero bubble: the input's gradient, the graph kept
+                    grad_in = await backward.input_grad(comm, chunk, inp, out, grad)
+                    waiting_w[(c, m)] = (inp, out, grad)  # type: ignore[assignment]
+                else:
+                    loss = functools.partial(loss_of, y=ys[m], batch_size=cfg.batch_size)
+                    grad_in = await backward.full(comm, chunk, inp, out, grad, cfg.recompute, loss)
                 end = comm.now()
                 if not chunk.is_first:
                     sends.append(self._send(grad_in, chunk.prev_worker))
-                waiting_w[(c, m)] = (inp, out, grad)  # type: ignore[assignment]
             else:  # "W": the weight gradients, accumulated as the full backward does
                 inp, out, grad = waiting_w.pop((c, m))  # type: ignore[misc]
                 start = comm.now()
-                async with comm.compute(len(inp), chunk.share / 3):
-                    if chunk.params and out.requires_grad:
-                        out.backward(grad, inputs=chunk.params)
+                await backward.weight_grad(comm, chunk, inp, out, grad)
                 end = comm.now()
             self._track(stash, waiting_w)
             self.ctx.log_event(step=step, micro_batch=m, phase=phase, start=start, end=end,
@@ -222,11 +188,6 @@ class Stage:
         if cfg.replicas > 1:
             await self._average_gradients()
         return StepStats(stats[0].item(), int(stats[1].item()), len(y))
-
-    @property
-    def splits_backward(self) -> bool:
-        """Whether the schedule splits each backward into B (input) and W (weights)."""
-        return any(op[0] == "W" for op in self.ops)
 
     def _expected_ranks(self) -> dict[int, list[channels.Key]]:
         return {self.base + src: list(keys) for src, keys in self.expected.items()}
@@ -245,12 +206,6 @@ class Stage:
         if chunk.is_last:
             return None
         return await inbox.take(("B", m, chunk.virtual), self.base + chunk.next_worker)
-
-    def _forward_with_loss(self, chunk: Chunk, inp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = chunk.layers(inp)
-        if chunk.is_last:
-            out = F.cross_entropy(out, y, reduction="sum") / self.ctx.config.batch_size
-        return out
 
     def _track(self, stash: dict, waiting_w: dict) -> None:
         """The peaks of stashed micro-batches (forward run, backward not), of those also
