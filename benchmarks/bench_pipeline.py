@@ -5,10 +5,15 @@ The CNN split in two (balance by measured time) runs GPipe with M = 1, 4, 8 micr
 the same batches with one thread. For each M it prints samples/s of both and their ratio, the
 bubble measured from the events table beside (p − 1)/(M + p − 1), and the throughput the bubble
 alone would allow (p × one process × (1 − bubble theory), i.e. perfectly balanced stages and
-free communication). Runs alternate (ours, plain, ours, ...) and medians are reported. Then
-the tensor-parallel MLP (benchmarks/bench_tensor_parallel.py), when present.
+free communication). Runs alternate (ours, plain, ours, ...) and medians are reported. Then the
+schedules side by side on the same workers: 1F1B, interleaved 1F1B (V = 2: the CNN in 4
+virtual stages) and zero bubble H1, each with its measured bubble beside the formula for equal
+stages and the cost model's prediction for the run's own stages (the schedule replayed with
+each chunk's FLOPs share). Then the tensor-parallel MLP (benchmarks/bench_tensor_parallel.py),
+when present.
 
-    python benchmarks/bench_pipeline.py [--micro-batches 1 4 8] [--steps 30] [--repeats 2]
+    python benchmarks/bench_pipeline.py [--micro-batches 1 4 8] [--schedule-micro-batches 4 8]
+        [--steps 30] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.runtime.memory import keep_freed_memory
+from scaledl_lab.strategies.model_parallel.schedules import bubble, predicted_bubble
 from scaledl_lab.training.worker import load_for
 from scaledl_lab.viz.gantt import bubble_summary, bubble_theory
 from scaledl_lab.viz.plots import throughput
@@ -34,11 +40,36 @@ DATA = dict(dataset="fashion-mnist", train_subset=20_000, test_subset=100, val_s
 STAGES = 2
 
 
-def _config(micro_batches: int, batch: int, steps: int) -> ExperimentConfig:
+SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1))
+
+
+def _config(
+    micro_batches: int, batch: int, steps: int, strategy: str = "gpipe", virtual: int = 1
+) -> ExperimentConfig:
     return ExperimentConfig(
-        strategy="gpipe", workers=STAGES, model="cnn", micro_batches=micro_batches,
-        batch_size=batch, max_steps=steps, balance="time", lr=0.05, momentum=0.9, **DATA,
+        strategy=strategy, workers=STAGES, model="cnn", micro_batches=micro_batches,
+        virtual_stages=virtual, batch_size=batch, max_steps=steps, balance="time", lr=0.05,
+        momentum=0.9, **DATA,
     )  # fmt: skip
+
+
+def schedules_table(client, micro_batches: list[int], batch: int, steps: int) -> None:
+    """Each schedule on the Dask workers: samples/s, bubble measured, formula, prediction."""
+    print(f"\nSchedules, CNN on {STAGES} Dask workers (balance by time), batch {batch}, "
+          f"{steps} steps")  # fmt: skip
+    print(f"{'schedule':>20} {'M':>3} {'ours/s':>9} {'bubble':>7} {'equal':>7} {'predicted':>10}")
+    for m in micro_batches:
+        for strategy, v in SCHEDULES:
+            cfg = _config(m, batch, steps, strategy, v)
+            res = run(cfg, client=client, progress=False)
+            rate = float(throughput(res.frame)["samples_per_s"].iloc[0])
+            measured = float(bubble_summary(res.events)["bubble"].mean())
+            shares = {k: x for o in res.outputs[cfg.label] for k, x in o["chunk_shares"].items()}
+            ordered = [shares[k] for k in sorted(shares)]
+            predicted = predicted_bubble(strategy, STAGES, m, v, ordered)
+            name = strategy + (f" V={v}" if v > 1 else "")
+            print(f"{name:>20} {m:>3} {rate:>9.1f} {measured:>7.1%} "
+                  f"{bubble(strategy, STAGES, m, v):>7.1%} {predicted:>10.1%}")  # fmt: skip
 
 
 def ours(client, micro_batches: int, batch: int, steps: int) -> tuple[float, float]:
@@ -74,6 +105,7 @@ def plain(batch: int, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--schedule-micro-batches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
@@ -95,6 +127,7 @@ def main() -> None:
             bound = STAGES * one * (1 - theory)
             print(f"{m:>3} {rate:>9.1f} {one:>9.1f} {rate / one:>6.2f} {bubble:>7.1%} "
                   f"{theory:>7.1%} {bound:>15.1f}")  # fmt: skip
+        schedules_table(client, args.schedule_micro_batches, args.batch, args.steps)
     tensor = Path(__file__).with_name("bench_tensor_parallel.py")
     if tensor.exists():
         spec = importlib.util.spec_from_file_location("bench_tensor_parallel", tensor)

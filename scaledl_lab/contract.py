@@ -26,6 +26,8 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "model-parallel",
     "gpipe",
     "1f1b",
+    "interleaved-1f1b",
+    "zb-h1",
     "tensor-parallel",
     "zero1",
     "zero2",

@@ -32,6 +32,7 @@ CAPABILITIES: dict[str, str] = {
     "correction takes over the optimiser's momentum)",
     "splits_model": "the model itself is split over the workers",
     "pipeline": "the model is split into stages (stages, micro_batches, balance)",
+    "interleaves": "a worker holds several model chunks of the pipeline (virtual_stages=V)",
     "slices_layers": "every layer is sliced over the workers (no rank holds a whole layer)",
     "accumulates": "accumulate=K micro-batches per update",
     "batch_schedule": "batch_schedule=... grows the batch during the run",

@@ -55,10 +55,11 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "loss_scale", "skipped",
 )  # fmt: skip
 
-# The events table (pipelines): one row per forward ("F") or backward ("B") of a micro-batch
-# on a stage, with its start and end time; rows reach the driver marked ``table="events"``.
+# The events table (pipelines): one row per forward ("F"), backward ("B") or weight gradient
+# ("W", zero bubble) of a micro-batch on a stage (on its model ``chunk``, 0 but where a worker
+# holds several), with its start and end time; rows reach the driver marked ``table="events"``.
 EVENT_COLUMNS: tuple[str, ...] = (
-    "run", "rank", "replica", "stage", "step", "micro_batch", "phase", "start", "end",
+    "run", "rank", "replica", "stage", "step", "micro_batch", "phase", "start", "end", "chunk",
 )  # fmt: skip
 
 NAN = float("nan")

@@ -22,7 +22,8 @@ from scaledl_lab.strategies import get_strategy
 IMPLEMENTED = (
     "allreduce", "allreduce-naive", "ps-sync", "ps-async", "downpour", "hogwild",
     "staleness-aware", "dc-asgd", "backup-workers", "nnt", "nnt-lockstep", "nnt-staged",
-    "dpsgd", "adpsgd", "local-sgd", "easgd", "model-parallel", "gpipe", "1f1b",
+    "dpsgd", "adpsgd", "local-sgd", "easgd", "model-parallel", "gpipe", "1f1b", "interleaved-1f1b",
+    "zb-h1",
     "tensor-parallel", "zero1", "zero2", "zero3", "diloco", "streaming-diloco",
 )  # fmt: skip
 

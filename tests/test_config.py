@@ -132,7 +132,10 @@ def test_capabilities_are_asked_of_the_records():
     assert families.with_capability("hosts_servers") == (
         "ps-sync", "ps-async", "downpour", "staleness-aware", "dc-asgd", "backup-workers",
     )  # fmt: skip
-    assert families.with_capability("pipeline") == ("model-parallel", "gpipe", "1f1b")
+    assert families.with_capability("pipeline") == (
+        "model-parallel", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
+    )  # fmt: skip
+    assert families.with_capability("interleaves") == ("interleaved-1f1b",)
     assert families.with_capability("splits_model")[-1] == "tensor-parallel"
     assert families.with_capability("accumulates") == ("allreduce", "allreduce-naive")
     assert families.with_capability("checkpointable") == (

@@ -43,7 +43,7 @@ LAYERS: dict[str, int] = {
     # studies and reports, resuming a run, the notebooks' panels
     "studies": 9, "strategies.large_batch.study": 9, "strategies.large_batch.report": 9,
     "strategies.compression.study": 9, "strategies.compression.report": 9,
-    "strategies.low_communication.study": 9,
+    "strategies.low_communication.study": 9, "strategies.model_parallel.study": 9,
     "training.resume": 9, "viz.widgets": 9,
     # the command line and the package's public names
     "cli": 10, "__init__": 10,

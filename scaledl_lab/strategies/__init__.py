@@ -6,7 +6,8 @@ there before a config is validated.
 - :mod:`.data_parallel`: synchronous data parallelism (``allreduce``, ``allreduce-naive``);
 - :mod:`.parameter_server`: parameter servers, their workers' side and Hogwild!;
 - :mod:`.decentralised`: NNT, D-PSGD and AD-PSGD, local SGD, EASGD;
-- :mod:`.model_parallel`: splitting a model, pipelines (naive, GPipe, 1F1B), tensor parallelism;
+- :mod:`.model_parallel`: splitting a model, pipelines (naive, GPipe, 1F1B, interleaved 1F1B,
+  zero bubble H1), tensor parallelism;
 - :mod:`.large_batch`: the large-batch recipe, its checks, sharpness, its study and report;
 - :mod:`.memory`: ZeRO's stages 1-3 (sharded optimiser state, gradients, parameters);
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages

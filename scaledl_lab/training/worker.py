@@ -241,15 +241,16 @@ class WorkerContext:
             self.comm.die(step)
 
     def log_event(
-        self, *, step: int, micro_batch: int, phase: str, start: float, end: float
+        self, *, step: int, micro_batch: int, phase: str, start: float, end: float, chunk: int = 0
     ) -> None:
-        """One forward or backward of a pipeline stage: a row of the events table."""
+        """One forward or backward of a pipeline stage (of its ``chunk``, where a worker holds
+        several): a row of the events table."""
         cfg = self.config
         stage = self.rank % cfg.model_parallel_size
         self.emit({"table": "events", "run": self.run_label, "rank": self.rank,
                    "replica": self.data_rank, "stage": stage, "step": step,
                    "micro_batch": micro_batch, "phase": phase, "start": start,
-                   "end": end})  # fmt: skip
+                   "end": end, "chunk": chunk})  # fmt: skip
 
     def keep_model(self, model: nn.Module, key: str = "state_dict") -> None:
         """Return ``model``'s final weights from this rank (CPU copies) under ``key``."""

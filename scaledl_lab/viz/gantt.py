@@ -3,7 +3,11 @@
 Every forward and backward of a pipeline stage is one row of the events table (run, rank,
 replica, stage, step, micro-batch, phase, start, end). Within one step of one replica, a stage is
 busy for the sum of its events and the step lasts from the first start to the last end; the
-bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPipe and 1F1B alike.
+bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPipe and 1F1B alike,
+(p − 1)/(V·M + p − 1) for interleaved 1F1B and about a third of 1F1B's for zero bubble H1
+(:func:`~scaledl_lab.strategies.model_parallel.schedules.bubble`);
+:func:`scaledl_lab.strategies.model_parallel.study.compare_schedules` draws the four side by
+side.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
 
-PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452"}
+from ..strategies.model_parallel import schedules
+
+PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+PHASE_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
 
 
 def bubble_theory(
@@ -96,21 +103,26 @@ def plot_pipeline(
         _, ax = plt.subplots(figsize=(9, 0.6 * rows["stage"].nunique() + 1.2))
     t0, t1 = rows["start"].min(), rows["end"].max()
     stages = sorted(rows["stage"].unique())
+    chunked = "chunk" in rows and rows["chunk"].nunique() > 1  # interleaved: chunks shaded
     for s in stages:
         ax.barh(s, t1 - t0, left=t0, height=0.8, color="#DDDDDD", hatch="//", edgecolor="white")
         for e in rows[rows["stage"] == s].itertuples():
-            ax.barh(s, e.end - e.start, left=e.start, height=0.8,
+            chunk = int(e.chunk) if chunked else 0
+            ax.barh(s, e.end - e.start, left=e.start, height=0.8, alpha=1 - 0.45 * min(chunk, 1),
                     color=PHASE_COLOURS[e.phase], edgecolor="black", linewidth=0.4)  # fmt: skip
             if (e.end - e.start) > 0.02 * (t1 - t0):  # label the bars wide enough to read
-                ax.text((e.start + e.end) / 2, s, f"{e.phase}{e.micro_batch}", ha="center",
-                        va="center", fontsize=7, color="white")  # fmt: skip
+                label = f"{e.phase}{e.micro_batch}" + (f".{chunk}" if chunked else "")
+                ax.text((e.start + e.end) / 2, s, label, ha="center",
+                        va="center", fontsize=7, color="black" if chunk else "white")  # fmt: skip
     idle = step_bubbles(rows)["idle"].mean()
     xlabel = "time from the step's start (s)" if from_zero else "time (s)"
     ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel=xlabel)
     ax.invert_yaxis()
-    handles = [Patch(color=PHASE_COLOURS["F"], label="forward"),
-               Patch(color=PHASE_COLOURS["B"], label="backward"),
-               Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)")]  # fmt: skip
+    handles = [Patch(color=PHASE_COLOURS[ph], label=PHASE_NAMES[ph])
+               for ph in PHASE_COLOURS if ph in set(rows["phase"])]  # fmt: skip
+    if chunked:
+        handles.append(Patch(facecolor="#999999", alpha=0.55, label="later chunk (.c)"))
+    handles.append(Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run}, step {step}: bubble (hatched) {idle:.0%} of the step")
     return ax
@@ -122,7 +134,9 @@ def summary_markdown(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any
     table = bubble_summary(events, outputs)
     lines = [
         "| run | stages | micro-batches | bubble measured (mean over stages) | theory "
-        "(p−1)/(M+p−1) | peak stashed micro-batches per stage | peak stashed MiB per stage |",
+        "(p−1)/(M+p−1), equal stages (interleaved: (p−1)/(V·M+p−1); zb-h1: "
+        "(p−1)/(3M+p−1) for M ≥ p) | peak stashed micro-batches per stage | peak stashed MiB "
+        "per stage |",
         "| :--- | ---: | ---: | ---: | ---: | :--- | :--- |",
     ]
     for cfg in configs:
@@ -134,6 +148,6 @@ def summary_markdown(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any
         mib = ", ".join(f"{v / 2**20:.2f}" for v in rows.get("peak_stashed_bytes", []))
         lines.append(
             f"| {cfg.label} | {p} | {m} | {rows['bubble'].mean():.1%} | "
-            f"{bubble_theory(p, m):.1%} | {peaks} | {mib} |"
+            f"{schedules.bubble(cfg.strategy, p, m, cfg.virtual_stages):.1%} | {peaks} | {mib} |"
         )
     return "\n".join(lines) + "\n"

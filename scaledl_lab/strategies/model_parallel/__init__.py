@@ -1,11 +1,12 @@
 """Model parallelism: a model's ordered layers and how many go to each stage
 (:mod:`.partition`, with the checks of the family's options), pipeline schedules as pure
 functions (:mod:`.schedules`), the pipeline executor (:mod:`.pipeline`: ``model-parallel``,
-``gpipe``, ``1f1b``) and Megatron-style tensor parallelism (:mod:`.tensor_parallel`)."""
+``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``; its messages in order, :mod:`.channels`)
+and Megatron-style tensor parallelism (:mod:`.tensor_parallel`)."""
 
 from ...families import Family, register_family
 from ..registry import described
-from . import partition, pipeline, schedules, tensor_parallel
+from . import channels, partition, pipeline, schedules, tensor_parallel
 from .options import ModelParallelOptions
 
 PIPELINES = tuple(pipeline.DESCRIPTIONS)
@@ -18,6 +19,7 @@ FAMILY = register_family(
         capabilities={
             "splits_model": True,
             "pipeline": PIPELINES,
+            "interleaves": ("interleaved-1f1b",),
             "slices_layers": ("tensor-parallel",),
         },
         check=partition.check_model_parallel,
@@ -28,6 +30,7 @@ FAMILY = register_family(
 __all__ = [
     "FAMILY",
     "ModelParallelOptions",
+    "channels",
     "partition",
     "pipeline",
     "schedules",

@@ -1,6 +1,7 @@
 """The model-parallel options: stages per replica, micro-batches, how layers are balanced over
-the stages (checked in :mod:`.partition`). Recomputation, which pipelines apply stage by stage,
-is every strategy's option (:mod:`scaledl_lab.strategies.memory.options`)."""
+the stages, model chunks per worker (interleaving), checked in :mod:`.partition`.
+Recomputation, which pipelines apply stage by stage, is every strategy's option
+(:mod:`scaledl_lab.strategies.memory.options`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ class ModelParallelOptions:
         default=None, metadata=option("pipelines: stages per replica (default: every worker)")
     )
     micro_batches: int = field(
-        default=1, metadata=option("gpipe, 1f1b: micro-batches per mini-batch")
+        default=1, metadata=option("pipelines: micro-batches per mini-batch")
     )
     balance: str = field(
         default="params", metadata=option("pipelines: params | time | layers per stage 2,3,1")
+    )
+    virtual_stages: int = field(
+        default=1,
+        metadata=option("interleaved-1f1b: model chunks per worker (p·V virtual stages)"),
     )

@@ -168,10 +168,26 @@ def boundary_shapes(model_layers: Sequence[nn.Module], sample: torch.Tensor) -> 
     return shapes
 
 
+class Chunk:
+    """One virtual stage of this worker: its layers, shapes and share of a step's cost."""
+
+    def __init__(
+        self, virtual: int, layers: nn.Sequential, in_shape: torch.Size, out_shape: torch.Size,
+        share: float, last: int, stages: int,
+    ) -> None:  # fmt: skip
+        self.virtual, self.layers, self.share = virtual, layers, share
+        self.in_shape, self.out_shape = in_shape, out_shape
+        self.is_first, self.is_last = virtual == 0, virtual == last
+        self.params = [p for p in layers.parameters() if p.requires_grad]
+        self.prev_worker = (virtual - 1) % stages  # ranks relative to the replica's first
+        self.next_worker = (virtual + 1) % stages
+
+
 def check_model_parallel(cfg: Any) -> None:
     """Config errors of the model-parallel strategies (stages, micro-batches, balance,
     tensor-parallel degree), each one line naming the field, before any cluster starts."""
     name = cfg.strategy
+    _check_virtual_stages(cfg)
     if not families.has(name, "pipeline"):
         for option, default in (("stages", None), ("micro_batches", 1)):
             if getattr(cfg, option) != default:
@@ -200,6 +216,19 @@ def check_model_parallel(cfg: Any) -> None:
             f"micro_batches={cfg.micro_batches} does not apply to the naive split "
             "(strategy='model-parallel' runs one micro-batch); use strategy='gpipe' or '1f1b'"
         )
+    if name == "zb-h1" and cfg.recompute:
+        raise ConfigError(
+            "recompute=True is not supported by strategy='zb-h1': its weight gradient W runs "
+            "after B on the graph B keeps, the memory recomputation would free; use '1f1b' or "
+            "'interleaved-1f1b' with recompute"
+        )
+    p, v = cfg.model_parallel_size, cfg.virtual_stages
+    if v > 1 and cfg.micro_batches % p:
+        raise ConfigError(
+            f"micro_batches={cfg.micro_batches} is not a multiple of stages={p}: interleaved "
+            f"1F1B with virtual_stages={v} sends micro-batches through the chunks in groups of "
+            f"{p}; choose a multiple of {p}"
+        )
     if cfg.batch_size % cfg.micro_batches:
         raise ConfigError(
             f"micro_batches={cfg.micro_batches} does not divide the per-replica "
@@ -208,10 +237,30 @@ def check_model_parallel(cfg: Any) -> None:
     _check_split(cfg, sample_shape(cfg.dataset))
 
 
+def _check_virtual_stages(cfg: Any) -> None:
+    """``virtual_stages``: a positive integer, other than 1 only for interleaved 1F1B."""
+    v = cfg.virtual_stages
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ConfigError(f"virtual_stages={v!r} must be a positive integer")
+    if v != 1 and not families.has(cfg.strategy, "interleaves"):
+        names = ", ".join(repr(n) for n in families.with_capability("interleaves"))
+        raise ConfigError(
+            f"virtual_stages={v} applies only to strategy={names} (model chunks per worker), "
+            f"not to strategy={cfg.strategy!r}"
+        )
+
+
 def _check_split(cfg: Any, input_shape: tuple[int, ...]) -> None:
     if families.has(cfg.strategy, "pipeline"):
-        stages = cfg.model_parallel_size
-        parse_balance(cfg.balance, layer_count(cfg.model, input_shape), stages)
+        stages, v = cfg.model_parallel_size, cfg.virtual_stages
+        total = layer_count(cfg.model, input_shape)
+        if v > 1 and stages * v > total:
+            raise ConfigError(
+                f"virtual_stages={v} × stages={stages} = {stages * v} virtual stages exceed the "
+                f"model's {total} layers (cfg.model={cfg.model!r}): every virtual stage needs "
+                f"one; use at most virtual_stages={total // stages}"
+            )
+        parse_balance(cfg.balance, total, stages * v)
     elif cfg.strategy == "tensor-parallel":
         if cfg.model != "mlp":
             raise ConfigError(

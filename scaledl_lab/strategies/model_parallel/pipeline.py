@@ -1,28 +1,35 @@
-"""Pipeline model parallelism: the naive split, GPipe (Huang et al. 2019) and 1F1B
-(PipeDream-flush, Narayanan et al. 2021), times data parallelism across pipeline replicas.
+"""Pipeline model parallelism: the naive split, GPipe (Huang et al. 2019), 1F1B
+(PipeDream-flush, Narayanan et al. 2021), interleaved 1F1B (Narayanan et al. 2021, Megatron-LM)
+and zero bubble H1 (Qi et al. 2023), times data parallelism across pipeline replicas.
 
-The model's ordered layers (:mod:`.partition`) are cut into ``K = cfg.stages`` contiguous
-stages; stage k of replica r runs on rank r·K + k. A mini-batch is cut into
-``M = cfg.micro_batches`` micro-batches; each stage runs its schedule (:mod:`.schedules`), a list
-of forwards and backwards: a forward receives the activations of the previous stage (stage 0
-reads the batch), runs the stage's layers and sends its output on; a backward receives the
-gradient of that output from the next stage (the last stage starts from the loss), runs
-backward through the stage and sends the gradient of its input back. Gradients accumulate over
-the micro-batches; one optimiser step per mini-batch, after the replicas of each stage have
-averaged their gradients (an allreduce within the stage's group). With ``recompute`` a stage
-keeps only its inputs and runs the forward again during backward (GPipe's re-materialisation).
+The model's ordered layers (:mod:`.partition`) are cut into p·V contiguous virtual stages
+(``p = cfg.stages``, ``V = cfg.virtual_stages``, 1 but for interleaving); worker k of replica r
+runs on rank r·p + k and holds chunks k, k + p, …, k + (V − 1)·p. A mini-batch is cut into
+``M = cfg.micro_batches`` micro-batches; each worker runs its schedule (:mod:`.schedules`): a
+forward receives the activations of the previous virtual stage (the first reads the batch), runs
+the chunk's layers and sends its output on; a backward receives the gradient of that output from
+the next virtual stage (the last starts from the loss) and sends the gradient of its input back.
+With p ≥ 2 consecutive virtual stages sit on different workers, so every boundary is a message
+(:mod:`.channels`). Zero bubble splits the backward: B takes the gradient of the chunk's input
+only (``torch.autograd.grad``, the graph kept), W later that of its weights
+(``backward(inputs=params)``, which on real workers runs again through the chunk's inner
+activation gradients; the simulator charges F, B and W a third of the chunk's step each).
+Gradients accumulate over the micro-batches; one optimiser step per mini-batch, after the
+replicas of each stage have averaged their gradients (an allreduce within the stage's group).
+With ``recompute`` a stage keeps only its inputs and runs the forward again during backward.
 
 ``model-parallel`` is GPipe with one micro-batch: one stage busy at a time.
 
 Rows: ``kind="train"`` from every rank per step (the replica's loss, shared by an allreduce of
 two numbers within the pipeline, so every stage stops together on divergence), val/test rows
 from the last stage of replica 0, and one event per forward or backward (the events table:
-stage, micro-batch, phase, start, end) from which the bubble is measured.
+stage, micro-batch, phase, start, end, chunk) from which the bubble is measured.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -34,12 +41,18 @@ from ...params import flat_grad, write_grads
 from ...runtime.base import Group, Pending
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
 from ..registry import register
-from . import partition
-from .schedules import SCHEDULES, in_flight
+from . import backward, channels, partition, schedules
+from .partition import Chunk
+
+
+def loss_of(logits: torch.Tensor, y: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """A micro-batch's share of the mini-batch's mean loss (its sum over the whole batch)."""
+    return F.cross_entropy(logits, y, reduction="sum") / batch_size
 
 
 class Stage:
-    """This rank's stage: its layers, its neighbours, buffers from a dry run, its groups."""
+    """This rank's stage: its chunks (one, or V interleaved), its neighbours, buffer shapes
+    from a dry run, its groups."""
 
     def __init__(
         self,
@@ -49,29 +62,42 @@ class Stage:
         sample: torch.Tensor,
         counts: list[int],
     ) -> None:
-        """``every``: the model's layers; ``sample``: one micro-batch (for the dry run)."""
+        """``every``: the model's layers; ``sample``: one micro-batch (for the dry run);
+        ``counts``: layers per virtual stage (p·V of them)."""
         cfg, comm = ctx.config, ctx.comm
         self.ctx, self.comm = ctx, comm
         self.stages = cfg.model_parallel_size
+        self.virtual = cfg.virtual_stages
         self.index = ctx.rank % self.stages
         self.replica = ctx.data_rank
         self.is_first, self.is_last = self.index == 0, self.index == self.stages - 1
-        self.prev = None if self.is_first else ctx.rank - 1
-        self.next = None if self.is_last else ctx.rank + 1
-        lo, hi = sum(counts[: self.index]), sum(counts[: self.index + 1])
-        self.layers = nn.Sequential(*every[lo:hi])
-        self.names = partition.parameter_names(model, every[lo:hi])
+        self.base = ctx.rank - self.index  # the rank of this replica's stage 0
+        shapes = [sample.shape, *partition.boundary_shapes(every, sample)]
+        flops = [model_flops(layer, shapes[i][1:], 1) for i, layer in enumerate(every)]
+        last = self.stages * self.virtual - 1
+        self.chunks: list[Chunk] = []
+        owned: list[nn.Module] = []
+        for c in range(self.virtual):
+            v = c * self.stages + self.index
+            lo, hi = sum(counts[:v]), sum(counts[: v + 1])
+            owned += every[lo:hi]
+            share = self.cost_share(flops[lo:hi], flops)
+            chunk = Chunk(v, nn.Sequential(*every[lo:hi]), shapes[lo], shapes[hi], share, last,
+                          self.stages)  # fmt: skip
+            self.chunks.append(chunk)
+        self.by_virtual = {chunk.virtual: chunk for chunk in self.chunks}
+        # One chunk: its Sequential; several: a container of them (what the optimiser steps).
+        self.layers = self.chunks[0].layers if self.virtual == 1 else nn.ModuleList(
+            [chunk.layers for chunk in self.chunks]
+        )  # fmt: skip
+        self.names = partition.parameter_names(model, owned)
         self.params = [p for p in self.layers.parameters() if p.requires_grad]
         self.micro = len(sample)
-        shapes = [sample.shape, *partition.boundary_shapes(every, sample)]
-        self.in_shape, self.out_shape = shapes[lo], shapes[hi]
-        flops = [model_flops(layer, shapes[i][1:], 1) for i, layer in enumerate(every)]
-        self.share = self.cost_share(flops[lo:hi], flops)
-        self.ops = SCHEDULES[cfg.strategy](self.stages, cfg.micro_batches)[self.index]
-        self.depth = in_flight(self.ops)  # stashed micro-batches at the peak
-        dtype = cfg.dtype
-        self.inputs = [torch.empty(self.in_shape, dtype=dtype) for _ in range(self.depth)]
-        self.grad_in = torch.empty(self.out_shape, dtype=dtype)
+        schedule = schedules.schedule(cfg.strategy, self.stages, cfg.micro_batches, self.virtual)
+        self.ops = schedule[self.index]
+        self.splits_backward = any(op[0] == "W" for op in self.ops)  # B (input) and W (weights)
+        sent = channels.messages(schedule)
+        self.expected = {src: keys for (src, dst), keys in sent.items() if dst == self.index}
         # Groups (every rank creates every group, in the same order): each replica's pipeline,
         # and each stage across the replicas (data parallelism).
         replicas = cfg.replicas
@@ -82,10 +108,23 @@ class Stage:
         self.pipeline: Group = pipes[self.replica]
         self.across: Group = across[self.index]
         self.peak_count = self.peak_bytes = 0  # stashed micro-batches (and their bytes)
+        self.peak_until_w = 0  # stashed or waiting for their weight gradient (zero bubble)
+        self.messages_sent = 0
 
     def cost_share(self, mine: list[int], every: list[int]) -> float:
-        """The stage's share of a training step's cost on the simulator: its FLOPs."""
-        return sum(mine) / sum(every) if sum(every) else 1.0 / self.stages
+        """A chunk's share of a training step's cost on the simulator: its FLOPs."""
+        if sum(every):
+            return sum(mine) / sum(every)
+        return 1.0 / (self.stages * self.ctx.config.virtual_stages)
+
+    def _shape_of(self, key: channels.Key) -> torch.Size:
+        phase, _, v = key
+        chunk = self.by_virtual[v]
+        return chunk.in_shape if phase == "F" else chunk.out_shape
+
+    def _send(self, tensor: torch.Tensor, worker: int) -> Pending:
+        self.messages_sent += 1
+        return self.comm.isend(tensor, self.base + worker)
 
     # -- one mini-batch ------------------------------------------------------------------
 
@@ -93,51 +132,52 @@ class Stage:
         """Run this stage's schedule on one mini-batch; return the replica's loss and hits."""
         cfg, comm = self.ctx.config, self.comm
         xs, ys = x.split(self.micro), y.split(self.micro)
-        stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        inbox = channels.Inbox(comm, self._expected_ranks(), self._shape_of, cfg.dtype)
+        stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        waiting_w: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         sends: list[Pending] = []
         loss_sum, correct = 0.0, 0
-        for phase, m in self.ops:
+        for op in self.ops:
+            phase, m = op[0], op[1]
+            c = op[2] if len(op) > 2 else 0
+            chunk = self.chunks[c]
             if phase == "F":
-                inp = await self._input(xs, m)
+                inp = await self._input(inbox, xs, m, chunk)
                 start = comm.now()  # busy from here: waiting for the input is the bubble
                 context = torch.no_grad() if cfg.recompute else contextlib.nullcontext()
-                async with comm.compute(len(inp), self.share / 3):
+                async with comm.compute(len(inp), chunk.share / 3):
                     with context:
-                        out = self.layers(inp)
-                        if self.is_last:
+                        out = chunk.layers(inp)
+                        if chunk.is_last:
                             correct += int((out.argmax(1) == ys[m]).sum().item())
-                            out = F.cross_entropy(out, ys[m], reduction="sum") / cfg.batch_size
+                            out = loss_of(out, ys[m], cfg.batch_size)
                 end = comm.now()  # before the send: a receiver may start before isend returns
-                if self.is_last:
+                if chunk.is_last:
                     loss_sum += out.item()
                 else:
-                    sends.append(comm.isend(out.detach(), self.next))
-                stash[m] = (inp, out)
-                self.peak_count = max(self.peak_count, len(stash))
-                self.peak_bytes = max(self.peak_bytes, self._stashed_bytes(stash))
-            else:
-                inp, out = stash.pop(m)
-                grad = None if self.is_last else await comm.recv(self.grad_in, self.next)
+                    sends.append(self._send(out.detach(), chunk.next_worker))
+                stash[(c, m)] = (inp, out)
+            elif phase == "B":
+                inp, out = stash.pop((c, m))
+                grad = await self._output_grad(inbox, m, chunk)
                 start = comm.now()
-                share = self.share * (1.0 if cfg.recompute else 2 / 3)
-                async with comm.compute(len(inp), share):
-                    # The forward again, with autograd; BatchNorm's running statistics must
-                    # move once per micro-batch, so they are put back after the backward.
-                    saved = (
-                        [b.detach().clone() for b in self.layers.buffers()] if cfg.recompute else []
-                    )
-                    if cfg.recompute:
-                        out = self._forward_with_loss(inp, ys[m])
-                    if out.requires_grad:  # a first stage without parameters has no graph
-                        out.backward(grad)
-                    if cfg.recompute:
-                        with torch.no_grad():
-                            for b, s in zip(self.layers.buffers(), saved, strict=True):
-                                b.copy_(s)
+                if self.splits_backward:  # zero bubble: the input's gradient, the graph kept
+                    grad_in = await backward.input_grad(comm, chunk, inp, out, grad)
+                    waiting_w[(c, m)] = (inp, out, grad)  # type: ignore[assignment]
+                else:
+                    loss = functools.partial(loss_of, y=ys[m], batch_size=cfg.batch_size)
+                    grad_in = await backward.full(comm, chunk, inp, out, grad, cfg.recompute, loss)
                 end = comm.now()
-                if not self.is_first:
-                    sends.append(comm.isend(inp.grad, self.prev))
-            self.ctx.log_event(step=step, micro_batch=m, phase=phase, start=start, end=end)
+                if not chunk.is_first:
+                    sends.append(self._send(grad_in, chunk.prev_worker))
+            else:  # "W": the weight gradients, accumulated as the full backward does
+                inp, out, grad = waiting_w.pop((c, m))  # type: ignore[misc]
+                start = comm.now()
+                await backward.weight_grad(comm, chunk, inp, out, grad)
+                end = comm.now()
+            self._track(stash, waiting_w)
+            self.ctx.log_event(step=step, micro_batch=m, phase=phase, start=start, end=end,
+                               chunk=c)  # fmt: skip
         for pending in sends:
             await pending.wait()
         stats = torch.tensor([loss_sum, float(correct)], dtype=torch.float64)
@@ -149,26 +189,37 @@ class Stage:
             await self._average_gradients()
         return StepStats(stats[0].item(), int(stats[1].item()), len(y))
 
-    async def _input(self, xs: tuple[torch.Tensor, ...], m: int) -> torch.Tensor:
-        if self.is_first:
+    def _expected_ranks(self) -> dict[int, list[channels.Key]]:
+        return {self.base + src: list(keys) for src, keys in self.expected.items()}
+
+    async def _input(
+        self, inbox: channels.Inbox, xs: tuple[torch.Tensor, ...], m: int, chunk: Chunk
+    ) -> torch.Tensor:
+        if chunk.is_first:
             return xs[m]
-        buffer = self.inputs[m % self.depth]
-        buffer.requires_grad_(False)
-        await self.comm.recv(buffer, self.prev)
-        buffer.grad = None
+        buffer = await inbox.take(("F", m, chunk.virtual), self.base + chunk.prev_worker)
         return buffer.requires_grad_(True)
 
-    def _forward_with_loss(self, inp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = self.layers(inp)
-        if self.is_last:
-            out = F.cross_entropy(out, y, reduction="sum") / self.ctx.config.batch_size
-        return out
+    async def _output_grad(
+        self, inbox: channels.Inbox, m: int, chunk: Chunk
+    ) -> torch.Tensor | None:
+        if chunk.is_last:
+            return None
+        return await inbox.take(("B", m, chunk.virtual), self.base + chunk.next_worker)
 
-    def _stashed_bytes(self, stash: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> int:
+    def _track(self, stash: dict, waiting_w: dict) -> None:
+        """The peaks of stashed micro-batches (forward run, backward not), of those also
+        waiting for their weight gradient, and of their bytes."""
+        self.peak_count = max(self.peak_count, len(stash))
+        self.peak_until_w = max(self.peak_until_w, len(stash) + len(waiting_w))
+        kept = [(inp, out) for inp, out, *_ in [*stash.values(), *waiting_w.values()]]
+        self.peak_bytes = max(self.peak_bytes, self._stashed_bytes(kept))
+
+    def _stashed_bytes(self, kept: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
         """Activation bytes kept for backward: the inputs, plus the autograd graph's outputs
         unless recomputing (a proxy: the stage output, not every intermediate)."""
         total = 0
-        for inp, out in stash.values():
+        for inp, out in kept:
             total += inp.numel() * inp.element_size()
             if not self.ctx.config.recompute:
                 total += out.numel() * out.element_size()
@@ -182,7 +233,8 @@ class Stage:
     # -- evaluation ----------------------------------------------------------------------
 
     async def evaluate(self, *, epoch: float, step: int) -> None:
-        """Replica 0's pipeline scores val and test in chunks; its last stage logs the rows."""
+        """Replica 0's pipeline scores val and test in slices of a micro-batch, each slice
+        through every virtual stage in turn; the last stage logs the rows."""
         if self.replica != 0:
             return
         data, cfg, comm = self.ctx.data, self.ctx.config, self.comm
@@ -191,31 +243,32 @@ class Stage:
             totals = [0.0, 0, 0]
             for start in range(0, len(split), self.micro):
                 n = min(self.micro, len(split) - start)
-                if self.is_first:
-                    inp = split.x[start : start + n].to(self.ctx.device, cfg.dtype)
-                else:
-                    inp = await comm.recv(
-                        torch.empty((n, *self.in_shape[1:]), dtype=cfg.dtype), self.prev
-                    )
-                async with comm.compute(n, self.share / 3):
-                    with torch.no_grad():
-                        out = self.layers(inp)
-                if self.is_last:
-                    y = split.y[start : start + n].to(self.ctx.device)
-                    totals[0] += F.cross_entropy(out, y, reduction="sum").item()
-                    totals[1] += int((out.argmax(1) == y).sum().item())
-                    totals[2] += n
-                else:
-                    await comm.send(out, self.next)
+                for chunk in self.chunks:
+                    if chunk.is_first:
+                        inp = split.x[start : start + n].to(self.ctx.device, cfg.dtype)
+                    else:
+                        buffer = torch.empty((n, *chunk.in_shape[1:]), dtype=cfg.dtype)
+                        inp = await comm.recv(buffer, self.base + chunk.prev_worker)
+                    async with comm.compute(n, chunk.share / 3):
+                        with torch.no_grad():
+                            out = chunk.layers(inp)
+                    if chunk.is_last:
+                        y = split.y[start : start + n].to(self.ctx.device)
+                        totals[0] += F.cross_entropy(out, y, reduction="sum").item()
+                        totals[1] += int((out.argmax(1) == y).sum().item())
+                        totals[2] += n
+                    else:
+                        await comm.send(out, self.base + chunk.next_worker)
             if self.is_last and totals[2]:
                 self.ctx.log_eval(kind, epoch, step, totals[0], totals[1], totals[2])
         self.layers.train()
 
 
 async def _counts(ctx: WorkerContext, every: list[nn.Module], sample: torch.Tensor) -> list[int]:
-    """Layers per stage; with balance "time" rank 0's measurement is everyone's."""
+    """Layers per virtual stage; with balance "time" rank 0's measurement is everyone's."""
     cfg = ctx.config
-    counts = partition.stage_counts(cfg.balance, every, cfg.model_parallel_size, sample)
+    virtual = cfg.model_parallel_size * cfg.virtual_stages
+    counts = partition.stage_counts(cfg.balance, every, virtual, sample)
     if cfg.balance == "time":
         shared = torch.tensor(counts, dtype=torch.float64)
         await ctx.comm.broadcast(shared, 0)
@@ -256,9 +309,12 @@ async def train(ctx: WorkerContext) -> None:
     ctx.result.update(
         stage=stage.index,
         replica=stage.replica,
-        layers=len(stage.layers),
+        layers=sum(len(chunk.layers) for chunk in stage.chunks),
         peak_stashed=stage.peak_count,
         peak_stashed_bytes=stage.peak_bytes,
+        peak_stashed_until_w=stage.peak_until_w,
+        messages_sent=stage.messages_sent,
+        chunk_shares={chunk.virtual: chunk.share for chunk in stage.chunks},
     )
 
 
@@ -266,6 +322,10 @@ DESCRIPTIONS: dict[str, str] = {
     "model-parallel": "the model split into consecutive stages, one micro-batch at a time",
     "gpipe": "GPipe: micro-batches fill then drain the pipeline, one step per mini-batch",
     "1f1b": "1F1B (PipeDream-flush): one forward, one backward; fewer activations stashed",
+    "interleaved-1f1b": "interleaved 1F1B (Megatron-LM): V model chunks per worker "
+    "(--virtual-stages), a V times smaller bubble for about V times the messages",
+    "zb-h1": "zero bubble H1: backward split into input (B) and weight (W) gradients, the Ws "
+    "deferred into 1F1B's cool-down bubble",
 }
 for _name, _description in DESCRIPTIONS.items():
     register(_name, _description)(train)

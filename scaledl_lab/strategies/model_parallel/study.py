@@ -1,0 +1,64 @@
+"""The pipeline schedules side by side: GPipe, 1F1B, interleaved 1F1B and zero bubble H1 run on
+the simulator, their Gantt charts on one time axis, each bubble measured beside the cost model's
+prediction for the run's own stages and the formula for equal ones (:mod:`.schedules`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ... import families
+from ...config import ExperimentConfig
+from ...experiment import run
+from ...viz.gantt import bubble_summary, plot_pipeline
+from . import schedules
+
+FOUR_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def compare_schedules(
+    stages: int = 4,
+    micro_batches: int = 8,
+    virtual_stages: int = 2,
+    strategies: Sequence[str] = FOUR_SCHEDULES,
+    fig: Any = None,
+    **config: Any,
+) -> pd.DataFrame:
+    """Run the pipeline schedules on the simulator (free messages unless ``network`` is given;
+    the CNN on Fashion-MNIST unless ``config`` says otherwise) and draw their Gantt charts one
+    above the other, on one time axis. Returns per strategy: the bubble measured from the
+    events, the one the cost model predicts for the run's own stage costs (the schedule
+    replayed, :func:`~scaledl_lab.strategies.model_parallel.schedules.predicted_bubble`), the
+    formula with equal stages, and the peak stashed micro-batches (most over the stages)."""
+    base = dict(
+        runtime="sim", workers=stages, model="cnn", dataset="fashion-mnist",
+        micro_batches=micro_batches, batch_size=4 * micro_batches, max_steps=2,
+        train_subset=16 * micro_batches, test_subset=16, val_size=16, network="custom:0:1e18",
+    )  # fmt: skip
+    base.update(config)
+    if fig is None:
+        fig = plt.figure(figsize=(11, 2.2 * len(strategies)))
+    axes = fig.subplots(len(strategies), 1, sharex=True, squeeze=False)[:, 0]
+    records = []
+    for name, ax in zip(strategies, axes, strict=True):
+        v = virtual_stages if families.has(name, "interleaves") else 1
+        cfg = ExperimentConfig(strategy=name, virtual_stages=v, **base)
+        res = run(cfg, progress=False)
+        outs = [o for o in res.outputs[cfg.label] if o.get("replica", 0) == 0]
+        shares = dict(kv for o in outs for kv in o["chunk_shares"].items())
+        p, m = cfg.model_parallel_size, cfg.micro_batches
+        measured = bubble_summary(res.events)["bubble"].mean()
+        predicted = schedules.predicted_bubble(name, p, m, v, [shares[k] for k in sorted(shares)])
+        formula = schedules.bubble(name, p, m, v)
+        plot_pipeline(res.events, cfg.label, step=1, ax=ax, from_zero=True)
+        ax.set_title(f"{name}" + (f" (V={v})" if v > 1 else "") + f": bubble measured "
+                     f"{measured:.1%}, predicted {predicted:.1%}, equal stages {formula:.1%}",
+                     fontsize=9)  # fmt: skip
+        peak = max(o["peak_stashed"] for o in outs)
+        records.append((name, v, measured, predicted, formula, peak))
+    columns = ["strategy", "virtual_stages", "measured", "predicted", "equal_stages",
+               "peak_stashed"]  # fmt: skip
+    return pd.DataFrame(records, columns=columns)
