@@ -23,7 +23,7 @@ from .contract import (
     SHARDINGS,
 )
 from .errors import ConfigError, choices
-from .families import OPTIMISER_FIELDS, option
+from .families import OPTIMISER_FIELDS, number_or_text, option, steps_or_text
 from .models import MODEL_DATASETS, MODELS
 
 __all__ = [
@@ -44,19 +44,6 @@ __all__ = [
 def is_quick() -> bool:
     """True when quick mode (``SCALEDL_QUICK=1``) is on: small data, few epochs, same code."""
     return os.environ.get("SCALEDL_QUICK", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _steps_or_text(text: str) -> int | str:
-    """``--checkpoint-every``: N (steps) or ``Nepochs``."""
-    return int(text) if text.strip().lstrip("-").isdigit() else text
-
-
-def _scale_or_text(text: str) -> float | str:
-    """``--loss-scale``: ``dynamic`` or a number N."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def _o(default: Any, help: str, **cli: Any) -> Any:
@@ -110,7 +97,7 @@ class ExperimentConfig:
         "float16: dynamic (the default: 2**16, halved on overflow, doubled after 2000 good "
         "steps) or a static scale N",
         metavar="dynamic|N",
-        parse=_scale_or_text,
+        parse=number_or_text,
     )
     data_dir: str | None = _o(None, "where the datasets are (default: the usual places)")
     timeout_s: float = _o(60.0, "dask: seconds a collective or server call may wait")
@@ -134,7 +121,7 @@ class ExperimentConfig:
         None,
         "N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
         metavar="N|Nepochs",
-        parse=_steps_or_text,
+        parse=steps_or_text,
     )
     # The families' options, one frozen dataclass per family that declares some.
     options: tuple[Any, ...] = field(default=())

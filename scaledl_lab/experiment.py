@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from .environment import environment_info
 from .errors import ConfigError, RunError
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
-from .training.launch import RowsCallback, check_data
+from .training.launch import RowsCallback, check_data, check_program
 from .training.launch import execute as execute_run
 from .training.worker import Program, steps_per_epoch_of, total_steps
 
@@ -338,25 +337,6 @@ def run(config: ExperimentConfig, **kwargs: Any) -> Results:
     """Run one config (see :func:`compare` for the keyword arguments; ``strategy=fn`` runs a
     per-worker program of your own instead of the config's strategy)."""
     return compare([config], **kwargs)
-
-
-def check_program(program: Any) -> None:
-    """A ConfigError unless ``program`` is None or an ``async def`` taking the worker's context."""
-    if program is None:
-        return
-    if not inspect.iscoroutinefunction(program):
-        raise ConfigError(
-            f"strategy= takes the program one worker runs, an `async def train(ctx)`; got "
-            f"{program!r}, which is not a coroutine function (a strategy's name goes in "
-            "ExperimentConfig(strategy=...))"
-        )
-    try:
-        inspect.signature(program).bind(None)
-    except TypeError:
-        raise ConfigError(
-            f"strategy={program.__name__} must take one argument, the worker's context "
-            f"(WorkerContext); its signature is {inspect.signature(program)}"
-        ) from None
 
 
 def _progress_bar(cfg: ExperimentConfig, label: str) -> Any:

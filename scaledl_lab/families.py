@@ -43,6 +43,19 @@ CAPABILITIES: dict[str, str] = {
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 
 
+def steps_or_text(text: str) -> int | str:
+    """A flag that takes N steps or a text (``--checkpoint-every N|Nepochs``)."""
+    return int(text) if text.strip().lstrip("-").isdigit() else text
+
+
+def number_or_text(text: str) -> float | str:
+    """A flag that takes a number or a word (``--loss-scale dynamic|N``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def option(
     help: str,
     *,

@@ -44,7 +44,8 @@ LAYERS: dict[str, int] = {
     "studies": 9, "strategies.large_batch.study": 9, "strategies.large_batch.report": 9,
     "strategies.compression.study": 9, "strategies.compression.report": 9,
     "strategies.low_communication.study": 9, "strategies.model_parallel.study": 9,
-    "training.resume": 9, "viz.widgets": 9,
+    "strategies.memory.precision_study": 9, "strategies.memory.recompute_study": 9,
+    "training.resume": 9, "viz.widgets": 9, "viz.static": 9, "assignments": 9,
     # the command line and the package's public names
     "cli": 10, "__init__": 10,
 }  # fmt: skip

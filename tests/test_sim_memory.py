@@ -173,16 +173,17 @@ BOUNDED = ExperimentConfig(
 
 def test_a_posted_buffer_holds_no_memory_of_its_own_until_its_message_comes():
     from scaledl_lab.runtime.sim import comm as sim_comm
+    from scaledl_lab.runtime.sim import mail as sim_mail
 
     a, b = torch.empty(1000), torch.empty(1000)
-    assert sim_comm._lend(a) and sim_comm._lend(b)
+    assert sim_mail.lend(a) and sim_mail.lend(b)
     assert a.data_ptr() == b.data_ptr()  # both on the one placeholder
     assert a.shape == (1000,) and a.is_contiguous()
     whole = torch.zeros(2000)
     view, aliased = whole[:1000], torch.empty(1000)
     keep = aliased.view(10, 100)  # another tensor sees its storage
-    assert not sim_comm._lend(view) and not sim_comm._lend(aliased)
-    assert not sim_comm._lend(torch.empty(3, requires_grad=True))
+    assert not sim_mail.lend(view) and not sim_mail.lend(aliased)
+    assert not sim_mail.lend(torch.empty(3, requires_grad=True))
     assert keep.data_ptr() == aliased.data_ptr() != a.data_ptr()
     message = torch.randn(1000)
     sent = Sent(message, readers=1)
@@ -194,6 +195,6 @@ def test_a_posted_buffer_holds_no_memory_of_its_own_until_its_message_comes():
 
 def test_lending_posted_buffers_changes_no_number(monkeypatch):
     lent = run(BOUNDED, progress=False, log=None).frame
-    monkeypatch.setattr("scaledl_lab.runtime.sim.comm._lend", lambda tensor: False)
+    monkeypatch.setattr("scaledl_lab.runtime.sim.comm.lend", lambda tensor: False)
     copied = run(BOUNDED, progress=False, log=None).frame
     pd.testing.assert_frame_equal(lent, copied)

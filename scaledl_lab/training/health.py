@@ -18,6 +18,7 @@ import pandas as pd
 
 from .. import families
 from ..config import DEFAULT_OPTIMISER, ExperimentConfig
+from ..errors import DivergenceError
 from ..families import OPTIMISER_FIELDS
 
 CLASSES = 10  # every dataset of the lab has ten classes
@@ -79,3 +80,12 @@ def run_warnings(summary: pd.DataFrame, configs: Sequence[ExperimentConfig]) -> 
         if what:
             out.append(f"run {r.run}: {' and '.join(what)}; likely cause: {likely_cause(cfg)}")
     return out
+
+
+def check_finite(loss: float, *, rank: int, epoch: int, step: int) -> None:
+    """Stop a diverged run with a recorded reason rather than training on NaNs."""
+    if not math.isfinite(loss):
+        raise DivergenceError(
+            f"training diverged: loss={loss} at epoch {epoch}, step {step} (rank {rank}); "
+            "lower the learning rate or add warmup"
+        )

@@ -9,6 +9,7 @@ server counters and lost workers become ``server``/``worker-lost`` rows.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -182,3 +183,22 @@ def check_data(cfg: ExperimentConfig) -> None:
         )
     check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
     check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
+
+
+def check_program(program: Any) -> None:
+    """A ConfigError unless ``program`` is None or an ``async def`` taking the worker's context."""
+    if program is None:
+        return
+    if not inspect.iscoroutinefunction(program):
+        raise ConfigError(
+            f"strategy= takes the program one worker runs, an `async def train(ctx)`; got "
+            f"{program!r}, which is not a coroutine function (a strategy's name goes in "
+            "ExperimentConfig(strategy=...))"
+        )
+    try:
+        inspect.signature(program).bind(None)
+    except TypeError:
+        raise ConfigError(
+            f"strategy={program.__name__} must take one argument, the worker's context "
+            f"(WorkerContext); its signature is {inspect.signature(program)}"
+        ) from None

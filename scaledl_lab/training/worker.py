@@ -21,13 +21,13 @@ from torch import nn
 from .. import families
 from ..config import ExperimentConfig
 from ..data import Dataset, DataSplits, epoch_batches, shard_indices
-from ..errors import DivergenceError
 from ..metrics import Row, record
 from ..models import build_model
 from ..params import state_dict_cpu
 from ..runtime.base import Comm
 from . import precision_checks  # noqa: F401  (the config's check of precision, registered)
 from .faults import kill_step
+from .health import check_finite
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
 from .precision import Precision
 from .schedule import StepPlan, set_lr
@@ -60,15 +60,6 @@ class StepStats:
 def lr_of(optimizer: torch.optim.Optimizer) -> float:
     """The learning rate the optimiser's (first) parameter group steps with."""
     return optimizer.param_groups[0]["lr"]
-
-
-def check_finite(loss: float, *, rank: int, epoch: int, step: int) -> None:
-    """Stop a diverged run with a recorded reason rather than training on NaNs."""
-    if not math.isfinite(loss):
-        raise DivergenceError(
-            f"training diverged: loss={loss} at epoch {epoch}, step {step} (rank {rank}); "
-            "lower the learning rate or add warmup"
-        )
 
 
 @dataclass

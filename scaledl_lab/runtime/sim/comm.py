@@ -23,7 +23,7 @@ from ..base import (
     tensor_bytes,
 )
 from ..collectives import allgather_bytes, ring_reduce_scatter_bytes
-from .mail import Sent
+from .mail import Sent, lend
 
 
 @dataclass
@@ -122,7 +122,7 @@ class SimIncoming(Incoming):
         self.message: tuple[float, Sent] | None = None
         self.copied = False
         self.lost = False
-        self.lent = tensor is not None and _lend(tensor)
+        self.lent = tensor is not None and lend(tensor)
 
     def arrive(self, at: float, sent: Sent) -> None:
         """The message is sent while this receive is posted: a buffer gets it straight away
@@ -167,42 +167,6 @@ class SimIncoming(Incoming):
                 self.tensor.set_(torch.empty_like(self.tensor))  # type: ignore[union-attr]
             raise PeerLostError(f"rank {self.src} died before sending", self.src)
         return self._take()
-
-
-# One never-written storage per (dtype, bytes) that every posted receive buffer points at
-# until its message arrives. In virtual time every worker's posted buffers live in this one
-# process (NNT with a lead bound posts lead + 1 per neighbour: 20 gradients a worker on a
-# torus at a lead of 4), where a real cluster spreads them over its machines; a buffer waiting
-# for a message holds no memory of its own here.
-_PLACEHOLDERS: dict[tuple[torch.dtype, int], torch.UntypedStorage] = {}
-
-
-def _lend(tensor: torch.Tensor) -> bool:
-    """Point a posted receive buffer at the shared placeholder, if nothing else can see its
-    storage: a whole, contiguous tensor of its own (not a view, not aliased, no autograd),
-    which the receiver reads only once the receive completes. Returns whether it did."""
-    if (
-        tensor.device.type != "cpu"
-        or tensor.requires_grad
-        or tensor._base is not None
-        or not tensor.is_contiguous()
-        or tensor.storage_offset() != 0
-        or tensor.numel() == 0
-    ):
-        return False
-    storage = tensor.untyped_storage()
-    nbytes = tensor.numel() * tensor.element_size()
-    # This tensor and ``storage`` here: no third holder (another view, a kept reference).
-    if storage.nbytes() != nbytes or torch._C._storage_Use_Count(storage._cdata) > 2:
-        return False
-    key = (tensor.dtype, nbytes)
-    placeholder = _PLACEHOLDERS.get(key)
-    if placeholder is None:
-        placeholder = _PLACEHOLDERS[key] = torch.empty(
-            tensor.numel(), dtype=tensor.dtype
-        ).untyped_storage()
-    tensor.set_(placeholder, 0, tensor.shape, tensor.stride())
-    return True
 
 
 class SimCall(Pending):
