@@ -21,6 +21,7 @@ from .contract import (
     RUNTIMES,
     SERVER_TRANSPORTS,
     SHARDINGS,
+    TEXT_DATASETS,
 )
 from .errors import ConfigError, choices
 from .families import OPTIMISER_FIELDS, option
@@ -275,6 +276,11 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(
             f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}; "
             f"it takes: {choices(MODEL_DATASETS[cfg.model])}"
+        )
+    if cfg.sharding == "label-skew" and cfg.dataset in TEXT_DATASETS:
+        raise ConfigError(
+            f"sharding='label-skew' needs class labels; dataset={cfg.dataset!r} is next-token "
+            "text, use sharding='iid'"
         )
     if cfg.server_transport in REMOVED_SERVER_TRANSPORTS:
         removed = REMOVED_SERVER_TRANSPORTS[cfg.server_transport]

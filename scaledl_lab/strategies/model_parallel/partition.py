@@ -21,6 +21,7 @@ from torch import nn
 from ... import families
 from ...data import sample_shape
 from ...errors import ConfigError, choices
+from ...gpt import GPT
 from ...models import CNN, CNN1D, MLP, PreActResNet, build_model
 
 BALANCES = ("params", "time")  # or explicit counts "2,3,1"
@@ -45,6 +46,8 @@ def layers(model: nn.Module) -> list[nn.Module]:
         return list(model.features) + list(model.classifier)
     if isinstance(model, PreActResNet):
         return [model.stem, *model.layers, _BNReLU(model.bn), model.pool, nn.Flatten(), model.fc]
+    if isinstance(model, GPT):
+        return [model.embed, *model.blocks, model.head]
     raise TypeError(f"no layer list for {type(model).__name__}")
 
 

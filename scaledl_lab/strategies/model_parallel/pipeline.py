@@ -26,10 +26,10 @@ import contextlib
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...models import model_flops
+from ...objective import correct_count, model_input, summed_loss
 from ...params import flat_grad, write_grads
 from ...runtime.base import Group, Pending
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
@@ -105,8 +105,8 @@ class Stage:
                     with context:
                         out = self.layers(inp)
                         if self.is_last:
-                            correct += int((out.argmax(1) == ys[m]).sum().item())
-                            out = F.cross_entropy(out, ys[m], reduction="sum") / cfg.batch_size
+                            correct += correct_count(out, ys[m])
+                            out = summed_loss(out, ys[m]) / cfg.batch_size
                 end = comm.now()  # before the send: a receiver may start before isend returns
                 if self.is_last:
                     loss_sum += out.item()
@@ -161,7 +161,7 @@ class Stage:
     def _forward_with_loss(self, inp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = self.layers(inp)
         if self.is_last:
-            out = F.cross_entropy(out, y, reduction="sum") / self.ctx.config.batch_size
+            out = summed_loss(out, y) / self.ctx.config.batch_size
         return out
 
     def _stashed_bytes(self, stash: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> int:
@@ -192,7 +192,7 @@ class Stage:
             for start in range(0, len(split), self.micro):
                 n = min(self.micro, len(split) - start)
                 if self.is_first:
-                    inp = split.x[start : start + n].to(self.ctx.device, cfg.dtype)
+                    inp = model_input(split.x[start : start + n], self.ctx.device, cfg.dtype)
                 else:
                     inp = await comm.recv(
                         torch.empty((n, *self.in_shape[1:]), dtype=cfg.dtype), self.prev
@@ -202,8 +202,8 @@ class Stage:
                         out = self.layers(inp)
                 if self.is_last:
                     y = split.y[start : start + n].to(self.ctx.device)
-                    totals[0] += F.cross_entropy(out, y, reduction="sum").item()
-                    totals[1] += int((out.argmax(1) == y).sum().item())
+                    totals[0] += summed_loss(out, y).item()
+                    totals[1] += correct_count(out, y)
                     totals[2] += n
                 else:
                     await comm.send(out, self.next)
@@ -229,7 +229,9 @@ async def train(ctx: WorkerContext) -> None:
     model = ctx.build_model()  # the same seeded weights everywhere; each rank keeps its stage
     cfg = ctx.config
     every = partition.layers(model)
-    sample = ctx.data.train.x[: cfg.batch_size // cfg.micro_batches].to(ctx.device, cfg.dtype)
+    sample = model_input(
+        ctx.data.train.x[: cfg.batch_size // cfg.micro_batches], ctx.device, cfg.dtype
+    )
     stage = Stage(ctx, model, every, sample, await _counts(ctx, every, sample))
     # A stage of parameter-free layers only (a pooling, say) has nothing to step.
     optimizer = ctx.build_optimizer(stage.layers) if stage.params else None
