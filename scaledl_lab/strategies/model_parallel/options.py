@@ -1,5 +1,5 @@
 """The model-parallel options: stages per replica, micro-batches, how layers are balanced over
-the stages, recomputation (checked in :mod:`.partition`)."""
+the stages, sequence parallelism, recomputation (checked in :mod:`.partition`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ class ModelParallelOptions:
     )
     balance: str = field(
         default="params", metadata=option("pipelines: params | time | layers per stage 2,3,1")
+    )
+    sequence_parallel: bool = field(
+        default=False,
+        metadata=option("tensor-parallel: split gpt-tiny's LayerNorm regions along the sequence"),
     )
     recompute: bool = field(
         default=False, metadata=option("gpipe, 1f1b, zero2, zero3: recompute forwards in backward")
