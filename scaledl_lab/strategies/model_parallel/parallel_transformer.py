@@ -236,6 +236,7 @@ class TensorParallelGPT(nn.Module):
         self.embed, self.head = copy.deepcopy(gpt.embed), copy.deepcopy(gpt.head)
         self.blocks = nn.ModuleList(ParallelBlock(b, rank, degree) for b in gpt.blocks)
         self.ledgers = Ledgers()
+        self.block_bytes = 0  # sent inside the blocks since the step began (f and g)
         s = gpt.sequence
         # Shares of the unsplit model's multiply-accumulates, the simulator's compute charges.
         total = sum(m.weight.numel() for m in gpt.modules() if isinstance(m, nn.Linear)) * s
@@ -259,11 +260,15 @@ class TensorParallelGPT(nn.Module):
             embedded = self.embed(idx).transpose(0, 1)  # (S, B, h), replicated
         x = embedded.detach()
         if self.sequence_parallel:
-            x = x[self._positions(x.shape[0])]  # enter the split: no communication
+            # Enter the split, no communication; a copy, so that the split region keeps only
+            # its positions alive (a view would hold the whole sequence's storage).
+            x = x[self._positions(x.shape[0])].clone()
         x = _leaf(x, grad)
         saved: dict = {"embedded": embedded, "x": x, "blocks": []}
         for block, shares in zip(self.blocks, self.shares, strict=True):
+            before = comm.bytes_sent
             x, t = await block.forward_async(ex, x, shares, self.ledgers, grad=grad)
+            self.block_bytes += comm.bytes_sent - before
             saved["blocks"].append(t)
             x = _leaf(x, grad)
         saved["last"] = x
@@ -282,7 +287,9 @@ class TensorParallelGPT(nn.Module):
         if self.sequence_parallel:
             grad = grad[self._positions(grad.shape[0])]  # the head is replicated: no sum
         for i in reversed(range(len(self.blocks))):
+            before = comm.bytes_sent
             grad = await self.blocks[i].backward(ex, saved["blocks"][i], grad, self.shares[i])
+            self.block_bytes += comm.bytes_sent - before
         if self.sequence_parallel:
             grad = await ex.all_gather(grad)  # every rank's positions, for the embedding
         torch.autograd.backward(saved["embedded"], grad)

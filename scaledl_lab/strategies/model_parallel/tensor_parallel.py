@@ -241,6 +241,7 @@ async def train_transformer(ctx: WorkerContext, gpt: GPT) -> None:
         sent_before = comm.bytes_sent
         optimizer.zero_grad()
         model.ledgers.new_step()
+        model.block_bytes = 0
         out, saved = await model.forward_async(comm, x)
         async with comm.compute(len(y), model.head_share):  # the head: forward and backward
             loss = F.cross_entropy(out, y)
@@ -255,6 +256,11 @@ async def train_transformer(ctx: WorkerContext, gpt: GPT) -> None:
         counted = stats.samples if comm.is_root else 0  # one batch for all: counted once
         sent = comm.bytes_sent - sent_before
         memory = model.memory(optimizer).columns()
+        # What the notebook compares (viz.tensor_parallel.sequence_parallel_costs): the blocks'
+        # traffic of the last step, the LayerNorm regions' largest saved bytes.
+        ctx.result["block_bytes_sent"] = model.block_bytes
+        norms = max(ctx.result.get("norm_activations", 0), model.ledgers.norms.bytes.peak)
+        ctx.result["norm_activations"] = norms
         ctx.log_train(step, stats, sent=sent, lr=lr_of(optimizer), counted=counted, memory=memory)
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
