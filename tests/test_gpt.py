@@ -50,6 +50,11 @@ def test_layers_compose_to_the_forward_and_logits_are_channels_first():
     assert torch.allclose(F.cross_entropy(out, y), flat, atol=1e-6)
 
 
+def test_gpt_tiny_takes_token_sequences_only():
+    with pytest.raises(ValueError, match=r"gpt-tiny needs \(S,\) token sequences, got input_shape"):
+        build_model("gpt-tiny", (1, 28, 28), 10)
+
+
 def test_attention_is_causal():
     model = build_model("gpt-tiny", (S,), VOCAB, seed=0)
     x = _ids(1)
