@@ -180,3 +180,17 @@ def test_summary_gives_the_loss_and_a_greedy_sample(tmp_path):
     sample = sample_of(cfg, res.weights())
     assert sample.startswith(licenses.PROMPT) and len(sample) == len(licenses.PROMPT) + 120
     assert "```text\n" + sample.replace("`", "'") + "\n```" in text
+
+
+def test_health_warnings_measure_chance_over_the_vocabulary():
+    import pandas as pd
+
+    from scaledl_lab.training.health import run_warnings
+
+    cfg = ExperimentConfig(strategy="allreduce", workers=2, **TEXT)
+    summary = pd.DataFrame({"run": [cfg.label] * 2, "test_accuracy": [0.12, 0.01],
+                            "test_loss": [3.0, 3 * math.log(VOCAB) + 0.1]})  # fmt: skip
+    (warning,) = run_warnings(summary, [cfg])  # 12% is far above chance, 1/96
+    chance = f"chance is {1 / VOCAB:.0%}"
+    assert f"ends near chance (1.0% test accuracy; {chance})" in warning
+    assert f"a uniform guess scores {math.log(VOCAB):.2f}" in warning
