@@ -1,4 +1,5 @@
-"""Datasets for the lab: Fashion-MNIST, MNIST-1D and CIFAR-10 in memory, plus worker sharding."""
+"""Datasets for the lab: Fashion-MNIST, MNIST-1D, CIFAR-10 and the licenses text corpus in memory,
+plus worker sharding."""
 
 from .base import (
     ChecksumError,

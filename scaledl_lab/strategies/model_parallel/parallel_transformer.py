@@ -43,51 +43,9 @@ from torch import nn
 from ...gpt import GPT, Block, causal_attention
 from ...runtime.base import Comm
 from ...training.ledger import SavedTensors, StepMemory, nbytes, optimizer_state_bytes
+from .conjugates import Exchange
 
 FORWARD, BACKWARD = 1 / 3, 2 / 3  # a step's FLOPs: forward ~1/3, backward ~2/3
-
-
-@dataclass
-class Exchange:
-    """f and g of one degree, as tensor or sequence parallelism place them."""
-
-    comm: Comm
-    sequence_parallel: bool
-
-    def _gather(self, part: torch.Tensor) -> torch.Tensor:
-        p = self.comm.world_size
-        return torch.empty((part.shape[0] * p, *part.shape[1:]), dtype=part.dtype)
-
-    async def all_gather(self, part: torch.Tensor) -> torch.Tensor:
-        """The whole sequence from every rank's chunk (sequence-first)."""
-        out = self._gather(part)
-        await self.comm.all_gather_into(out.view(-1), part.reshape(-1))
-        return out
-
-    async def reduce_scatter(self, whole: torch.Tensor) -> torch.Tensor:
-        """This rank's chunk of the sequence of the sum over ranks."""
-        p = self.comm.world_size
-        chunk = await self.comm.reduce_scatter(whole.reshape(-1))
-        return chunk.view(whole.shape[0] // p, *whole.shape[1:])
-
-    async def f(self, x: torch.Tensor) -> torch.Tensor:
-        return await self.all_gather(x) if self.sequence_parallel else x
-
-    async def f_backward(self, grad: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            return await self.reduce_scatter(grad)
-        await self.comm.allreduce(grad)
-        return grad
-
-    async def g(self, partial: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            return await self.reduce_scatter(partial)
-        summed = partial.clone()
-        await self.comm.allreduce(summed)
-        return summed
-
-    async def g_backward(self, grad: torch.Tensor) -> torch.Tensor:
-        return await self.all_gather(grad) if self.sequence_parallel else grad
 
 
 def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
