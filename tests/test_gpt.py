@@ -194,3 +194,15 @@ def test_health_warnings_measure_chance_over_the_vocabulary():
     chance = f"chance is {1 / VOCAB:.0%}"
     assert f"ends near chance (1.0% test accuracy; {chance})" in warning
     assert f"a uniform guess scores {math.log(VOCAB):.2f}" in warning
+
+
+def test_memory_plan_predicts_the_ledger_of_a_run():
+    from scaledl_lab.strategies.memory.plan import plan
+
+    cfg = ExperimentConfig(strategy="allreduce", workers=2, **{**TEXT, "max_steps": 2})
+    frame = run(cfg, progress=False, log=None).frame
+    train = frame[frame.kind == "train"]
+    predicted = plan(cfg)
+    assert predicted.memory.activations == train["mem_activations"].max()
+    assert predicted.memory.params == train["mem_params"].max()
+    assert predicted.bytes_per_step == train["bytes_sent"].max()

@@ -90,6 +90,11 @@ def standard_sizes(name: str) -> tuple[int, int]:
     return n_train, n_test
 
 
+def num_classes(name: str) -> int:
+    """Classes of a dataset (a text corpus's: its vocabulary)."""
+    return _CLASSES.get(_canonical(name), 10)
+
+
 def sample_shape(name: str) -> tuple[int, ...]:
     """One sample's shape (channels first, no batch dimension)."""
     return _SIZES[_canonical(name)][2]
@@ -333,7 +338,7 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict[str, An
                 "train_size": n_train,
                 "test_size": n_test,
                 "input_shape": shape,
-                "num_classes": _CLASSES.get(name, 10),
+                "num_classes": num_classes(name),
                 "download_mb": mb,
             }
         )

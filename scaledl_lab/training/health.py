@@ -18,13 +18,10 @@ import pandas as pd
 
 from .. import families
 from ..config import DEFAULT_OPTIMISER, ExperimentConfig
-from ..data import licenses
+from ..data import num_classes
 from ..families import OPTIMISER_FIELDS
 
-CLASSES = 10  # every image and signal dataset of the lab has ten classes
-# Next-token corpora: the vocabulary is the classes (licenses: newline and printable ASCII).
-TEXT_CLASSES = {licenses.NAME: len(licenses.VOCABULARY)}
-NEAR_CHANCE = 1.5  # a final test accuracy below 1.5 × chance (15%) counts as near chance
+NEAR_CHANCE = 1.5  # a final test accuracy below 1.5 × chance (15% of ten classes) counts
 EXPLODED = 3.0  # a final test loss above 3 × ln(classes), the loss of a uniform guess
 
 
@@ -70,7 +67,7 @@ def run_warnings(summary: pd.DataFrame, configs: Sequence[ExperimentConfig]) -> 
         acc, loss = float(r.test_accuracy), float(r.test_loss)
         if cfg is None or math.isnan(acc):
             continue
-        classes = TEXT_CLASSES.get(cfg.dataset, CLASSES)
+        classes = num_classes(cfg.dataset)  # a text corpus's: its vocabulary
         chance = 1 / classes
         what = []
         if acc < NEAR_CHANCE * chance:
