@@ -51,7 +51,7 @@ class StepStats:
     """What one local step measured on its own mini-batch."""
 
     loss: float
-    correct: int
+    correct: float  # samples predicted right (a sequence: the share of its tokens)
     samples: int
 
 
