@@ -206,3 +206,15 @@ def test_memory_plan_predicts_the_ledger_of_a_run():
     assert predicted.memory.activations == train["mem_activations"].max()
     assert predicted.memory.params == train["mem_params"].max()
     assert predicted.bytes_per_step == train["bytes_sent"].max()
+
+
+def test_fetch_copies_the_system_files_and_the_copy_loads_the_same(tmp_path, monkeypatch):
+    from scaledl_lab.data import fetch
+
+    folder = fetch("licenses", tmp_path)
+    assert folder == tmp_path / "licenses" and not licenses.missing_files(folder)
+    monkeypatch.setenv("SCALEDL_DATA_NO_DEFAULTS", "1")
+    copy = load_dataset("licenses", data_dir=tmp_path, val_size=10)
+    monkeypatch.delenv("SCALEDL_DATA_NO_DEFAULTS")
+    system = load_dataset("licenses", val_size=10)
+    assert torch.equal(copy.train.x, system.train.x) and torch.equal(copy.test.y, system.test.y)
