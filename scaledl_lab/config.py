@@ -21,6 +21,7 @@ from .contract import (
     RUNTIMES,
     SERVER_TRANSPORTS,
     SHARDINGS,
+    TEXT_DATASETS,
 )
 from .errors import ConfigError, choices
 from .families import OPTIMISER_FIELDS, number_or_text, option, steps_or_text
@@ -93,12 +94,9 @@ class ExperimentConfig:
     device: str = _o("auto", "dask: auto uses GPUs if every worker has one", choices=DEVICES)
     precision: str = _o("float32", "the dtype of weights and data", choices=PRECISIONS)
     loss_scale: float | str | None = _o(  # float16 only (scaledl_lab.training.precision)
-        None,
-        "float16: dynamic (the default: 2**16, halved on overflow, doubled after 2000 good "
-        "steps) or a static scale N",
-        metavar="dynamic|N",
-        parse=number_or_text,
-    )
+        None, "float16: dynamic (the default: 2**16, halved on overflow, doubled after 2000 "
+        "good steps) or a static scale N", metavar="dynamic|N", parse=number_or_text,
+    )  # fmt: skip
     data_dir: str | None = _o(None, "where the datasets are (default: the usual places)")
     timeout_s: float = _o(60.0, "dask: seconds a collective or server call may wait")
     oversubscribe: bool = _o(False, "allow more real workers than CPU cores")
@@ -279,6 +277,11 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(
             f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}; "
             f"it takes: {choices(MODEL_DATASETS[cfg.model])}"
+        )
+    if cfg.sharding == "label-skew" and cfg.dataset in TEXT_DATASETS:
+        raise ConfigError(
+            f"sharding='label-skew' needs class labels; dataset={cfg.dataset!r} is next-token "
+            "text, use sharding='iid'"
         )
     if cfg.server_transport in REMOVED_SERVER_TRANSPORTS:
         removed = REMOVED_SERVER_TRANSPORTS[cfg.server_transport]

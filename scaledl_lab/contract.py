@@ -40,7 +40,9 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
 COMPRESSORS: tuple[str, ...] = ("none", "onebit", "qsgd", "topk", "dgc", "powersgd")
 RUNTIMES: tuple[str, ...] = ("dask", "sim")
 IMPLEMENTED_RUNTIMES: tuple[str, ...] = ("dask", "sim")
-DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10", "licenses")
+# Next-token corpora: a target per position, no class labels to skew shards by.
+TEXT_DATASETS: tuple[str, ...] = ("licenses",)
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adagrad", "lars", "lamb", "adamw")
 SHARDINGS: tuple[str, ...] = ("iid", "label-skew")
 # How a real run's ranks call hosted servers: torch.distributed point-to-point messages (auto,

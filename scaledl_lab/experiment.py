@@ -115,6 +115,9 @@ class Results:
         from .training.ledger import memory_markdown
 
         text += memory_markdown(self.frame)
+        from .viz.text import generation_markdown
+
+        text += generation_markdown(self)
         if len(self.events):
             text += self._save_pipeline(out)
         (out / "summary.md").write_text(text)

@@ -1,4 +1,5 @@
-"""The networks of the lab: MLP, Keras-style MNIST CNN, MNIST-1D ConvBase, pre-activation ResNet-18.
+"""The networks of the lab: MLP, Keras-style MNIST CNN, MNIST-1D ConvBase, pre-activation ResNet-18
+and gpt-tiny (:mod:`.gpt`).
 
 ResNet-18 v2 follows He et al. 2016, "Identity Mappings in Deep Residual Networks", in its
 CIFAR form, the model of Viviani et al. 2019 ("Deep Learning at Scale", PDP 2019).
@@ -12,15 +13,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .contract import DATASETS
+from .gpt import GPT
 
-MODELS: tuple[str, ...] = ("mlp", "cnn", "cnn1d", "resnet18")
+MODELS: tuple[str, ...] = ("mlp", "cnn", "cnn1d", "resnet18", "gpt-tiny")
 # Which models accept which datasets' sample shapes (images vs 1-D signals).
 MODEL_DATASETS: dict[str, tuple[str, ...]] = {
-    "mlp": DATASETS,
+    "mlp": ("fashion-mnist", "mnist1d", "cifar10"),
     "cnn": ("fashion-mnist", "cifar10"),
     "cnn1d": ("mnist1d",),
     "resnet18": ("fashion-mnist", "cifar10"),
+    "gpt-tiny": ("licenses",),
 }
 
 # Smallest image side for the 2-D convolutional nets: keeps every stage of ResNet-18 (three
@@ -157,7 +159,10 @@ def model_compatible(name: str, input_shape: Sequence[int]) -> str | None:
     shape = tuple(int(d) for d in input_shape)
     if not shape or any(d < 1 for d in shape):
         return f"input_shape must be non-empty with positive sizes, got {shape}"
-    if name == "cnn1d":
+    if name == "gpt-tiny":
+        if len(shape) != 1:
+            return f"gpt-tiny needs (S,) token sequences, got input_shape {shape}"
+    elif name == "cnn1d":
         if len(shape) != 2:
             return f"cnn1d needs (C, L) inputs, got input_shape {shape}"
         if shape[1] < 3:
@@ -177,6 +182,8 @@ def _construct(name: str, shape: tuple[int, ...], num_classes: int) -> nn.Module
         return CNN(*shape, num_classes)
     if name == "cnn1d":
         return CNN1D(*shape, num_classes)
+    if name == "gpt-tiny":
+        return GPT(num_classes, shape[0])  # the classes are the vocabulary
     return PreActResNet(shape[0], num_classes)
 
 
@@ -210,7 +217,8 @@ def count_parameters(model: nn.Module) -> int:
 def model_flops(
     name_or_model: str | nn.Module, input_shape: Sequence[int], num_classes: int
 ) -> int:
-    """Forward FLOPs per sample, counted as 2 x multiply-accumulates of Conv1d/Conv2d/Linear.
+    """Forward FLOPs per sample, counted as 2 x multiply-accumulates of Conv1d/Conv2d/Linear
+    and of the products a module reports itself (``matmul_macs``: attention's QKᵀ and AV).
 
     Biases, BatchNorm, activations and pooling are ignored: they are a few percent at most.
     """
@@ -224,6 +232,8 @@ def model_flops(
         nonlocal total
         if isinstance(module, nn.Linear):
             macs = output.numel() * module.in_features
+        elif hasattr(module, "matmul_macs"):
+            macs = module.matmul_macs(output)
         else:
             conv: nn.Conv1d | nn.Conv2d = module  # type: ignore[assignment]
             per_output = conv.in_channels // conv.groups * math.prod(conv.kernel_size)
@@ -233,7 +243,7 @@ def model_flops(
     handles = [
         m.register_forward_hook(hook)
         for m in model.modules()
-        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)) or hasattr(m, "matmul_macs")
     ]
     was_training = model.training
     try:
@@ -242,7 +252,9 @@ def model_flops(
         param = next(model.parameters(), None)
         like = param if param is not None else torch.zeros(())
         shape = (1, *tuple(int(d) for d in input_shape))
-        dummy = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        # A model (or layer) that reads token ids says so (``input_dtype``).
+        dtype = getattr(model, "input_dtype", like.dtype)
+        dummy = torch.zeros(shape, dtype=dtype, device=like.device)
         with torch.no_grad():
             model(dummy)
     finally:

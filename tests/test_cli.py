@@ -57,7 +57,7 @@ def test_list_names_every_strategy_with_its_description(capsys):
         "low_communication", "compression", "large_batch",
     ]  # fmt: skip
     assert "runtimes: dask, sim" in lines
-    assert "datasets: fashion-mnist, mnist1d, cifar10" in lines
+    assert "datasets: fashion-mnist, mnist1d, cifar10, licenses" in lines
     # each family's options, from its record, in its dataclass's order
     for family in families.with_options():
         fields = dataclasses.fields(family.options)
@@ -67,7 +67,7 @@ def test_list_names_every_strategy_with_its_description(capsys):
     assert "--nnt-max-lead" in flags["decentralised"]
     assert "--no-error-feedback" in flags["compression"]
     assert "data_parallel" not in flags  # no options of its own
-    assert "models: mlp, cnn, cnn1d, resnet18" in lines
+    assert "models: mlp, cnn, cnn1d, resnet18, gpt-tiny" in lines
 
 
 def test_data_info_says_where_each_dataset_is_or_how_to_get_it(tmp_path, monkeypatch, capsys):

@@ -196,7 +196,7 @@ def test_bad_arguments() -> None:
         load_dataset("imagenet")
     with pytest.raises(ValueError, match="unknown dataset"):
         fetch("svhn")
-    assert DATASETS == ("fashion-mnist", "mnist1d", "cifar10")
+    assert DATASETS == ("fashion-mnist", "mnist1d", "cifar10", "licenses")
 
 
 def test_dataset_info(tmp_path: Path, isolated: None) -> None:

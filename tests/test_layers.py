@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     "errors": 0, "contract": 0, "families": 0,
     # the shared foundations at the root, and the data sources
     "config": 1, "models": 1, "params": 1, "topology": 1, "metrics": 1, "environment": 1,
-    "data": 1,
+    "data": 1, "gpt": 1, "objective": 1,
     # the communication interface (base.py) and what both runtimes share (memory.py)
     "runtime": 2,
     # the two runtimes, peers (PEERS): the simulator with its cost model; Dask with its cluster
@@ -45,7 +45,8 @@ LAYERS: dict[str, int] = {
     "strategies.compression.study": 9, "strategies.compression.report": 9,
     "strategies.low_communication.study": 9, "strategies.model_parallel.study": 9,
     "strategies.memory.precision_study": 9, "strategies.memory.recompute_study": 9,
-    "training.resume": 9, "viz.widgets": 9, "viz.static": 9, "assignments": 9,
+    "training.resume": 9, "viz.widgets": 9, "viz.static": 9, "viz.tensor_parallel": 9,
+    "assignments": 9,
     # the command line and the package's public names
     "cli": 10, "__init__": 10,
 }  # fmt: skip

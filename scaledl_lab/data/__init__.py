@@ -1,5 +1,7 @@
-"""Datasets for the lab: Fashion-MNIST, MNIST-1D and CIFAR-10 in memory, plus worker sharding."""
+"""Datasets for the lab: Fashion-MNIST, MNIST-1D, CIFAR-10 and the licenses text corpus in memory,
+plus worker sharding."""
 
+from . import licenses
 from .base import (
     ChecksumError,
     Dataset,
@@ -15,6 +17,7 @@ from .registry import (
     fetch,
     load_dataset,
     locate,
+    num_classes,
     sample_shape,
     search_dirs,
     standard_sizes,
@@ -31,8 +34,10 @@ __all__ = [
     "dataset_info",
     "epoch_batches",
     "fetch",
+    "licenses",
     "load_dataset",
     "locate",
+    "num_classes",
     "sample_shape",
     "search_dirs",
     "sha256_file",

@@ -19,7 +19,8 @@ import torch
 # eq=False: the generated __eq__ would compare tensors elementwise and fail in a bool context.
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A whole split held in memory: normalised float32 inputs and int64 labels."""
+    """A whole split held in memory: normalised float32 inputs and int64 labels, or for a
+    text corpus int64 token ids ``x`` and their next tokens ``y``, both ``(N, S)``."""
 
     name: str
     x: torch.Tensor
@@ -27,6 +28,13 @@ class Dataset:
     num_classes: int
 
     def __post_init__(self) -> None:
+        if self.is_sequence:
+            if self.x.dtype != torch.int64 or self.x.shape != self.y.shape:
+                raise ValueError(
+                    f"Dataset {self.name!r}: sequences need int64 token ids x shaped as their "
+                    f"next tokens y {tuple(self.y.shape)}, got {self.x.dtype} {tuple(self.x.shape)}"
+                )
+            return
         if self.x.dtype != torch.float32:
             raise ValueError(f"Dataset {self.name!r}: x must be float32, got {self.x.dtype}")
         if self.y.dtype != torch.int64 or self.y.dim() != 1:
@@ -41,6 +49,11 @@ class Dataset:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    @property
+    def is_sequence(self) -> bool:
+        """Next-token data: a target per position, ``y`` of shape ``(N, S)``."""
+        return self.y.dtype == torch.int64 and self.y.dim() == 2
 
     def subset(self, idx: torch.Tensor) -> Dataset:
         """The samples at positions ``idx`` (a 1-D integer tensor), in that order."""

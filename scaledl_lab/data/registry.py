@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import cifar10, fashion_mnist, mnist1d
+from . import cifar10, fashion_mnist, licenses, mnist1d
 from .base import (
     ChecksumError,
     Dataset,
@@ -21,7 +22,7 @@ from .base import (
     verify_sha256,
 )
 
-DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10")
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10", "licenses")
 _ALIASES = {
     "fashion_mnist": "fashion-mnist",
     "fashionmnist": "fashion-mnist",
@@ -30,6 +31,7 @@ _ALIASES = {
     "mnist_1d": "mnist1d",
     "cifar-10": "cifar10",
     "cifar_10": "cifar10",
+    "common-licenses": "licenses",
 }
 ENV_DATA_DIR = "SCALEDL_DATA_DIR"
 # Set to 1 to search only data_dir and $SCALEDL_DATA_DIR (tests, or to pin one copy on a cluster).
@@ -41,6 +43,7 @@ _SUBDIRS = {
     "fashion-mnist": ("fashion-mnist", "FashionMNIST/raw", "."),
     "mnist1d": ("mnist1d", "."),
     "cifar10": (cifar10.FOLDER, f"cifar10/{cifar10.FOLDER}", "."),
+    "licenses": ("licenses", "common-licenses", "."),
 }
 _FETCH = "scaledl-lab data fetch {name}   (or in Python: scaledl_lab.data.fetch({name!r}))"
 HOW_TO_GET = {
@@ -59,18 +62,37 @@ HOW_TO_GET = {
         f"  or: extract cifar-10-python.tar.gz so that {cifar10.FOLDER}/ lies in data/ or in "
         f"${ENV_DATA_DIR}"
     ),
+    "licenses": (
+        f"installed by Debian's essential base-files package in {licenses.SYSTEM_DIR}; "
+        "elsewhere copy those files\n"
+        f"  ({', '.join(licenses.FILES)}) into a folder and set {ENV_DATA_DIR}=that/folder"
+    ),
 }
 _SIZES = {  # train (before the val split), test, per-sample shape, download size
     "fashion-mnist": (60000, 10000, (1, 28, 28), 30),
     "mnist1d": (16000, 4000, (1, 40), 0),
     "cifar10": (50000, 10000, (3, 32, 32), 163),
+    # this machine's base-files; standard_sizes reads the files where they are found
+    "licenses": (6663, 746, (licenses.SEQUENCE,), 0),
 }
+_CLASSES = {"licenses": len(licenses.VOCABULARY)}  # the others: 10
 
 
 def standard_sizes(name: str) -> tuple[int, int]:
     """(training samples before the validation split, test samples) of a dataset as published."""
-    n_train, n_test, _, _ = _SIZES[_canonical(name)]
+    name = _canonical(name)
+    if name == "licenses":
+        try:
+            return licenses.sizes(locate(name))
+        except DatasetNotFoundError:
+            pass
+    n_train, n_test, _, _ = _SIZES[name]
     return n_train, n_test
+
+
+def num_classes(name: str) -> int:
+    """Classes of a dataset (a text corpus's: its vocabulary)."""
+    return _CLASSES.get(_canonical(name), 10)
 
 
 def sample_shape(name: str) -> tuple[int, ...]:
@@ -114,6 +136,8 @@ def search_dirs(name: str, data_dir: str | os.PathLike | None = None) -> list[Pa
         dirs += expand([REPO_DATA_DIR, Path.cwd() / "data"])
         if name == "fashion-mnist":
             dirs.append(fashion_mnist.SYSTEM_DIR)
+        if name == "licenses":
+            dirs.append(licenses.SYSTEM_DIR)
         dirs += expand([_user_cache_dir()])
     unique: dict[str, Path] = {}
     for d in dirs:
@@ -125,6 +149,7 @@ _NUM_FILES = {
     "fashion-mnist": len(fashion_mnist.FILES),
     "mnist1d": 1,
     "cifar10": len(cifar10.BATCHES),
+    "licenses": len(licenses.FILES),
 }
 
 
@@ -133,6 +158,8 @@ def _missing(name: str, d: Path) -> list[str]:
         return fashion_mnist.missing_files(d)
     if name == "cifar10":
         return cifar10.missing_files(d)
+    if name == "licenses":
+        return licenses.missing_files(d)
     cache = mnist1d.cache_filename()
     return [] if (d / cache).is_file() else [cache]
 
@@ -229,6 +256,8 @@ def load_dataset(
     elif name == "fashion-mnist":
         raw = fashion_mnist.read_raw(locate(name, data_dir), verify_files=verify)
         to_dataset = fashion_mnist.to_dataset
+    elif name == "licenses":
+        raw, to_dataset = licenses.read_raw(locate(name, data_dir)), licenses.to_dataset
     else:
         raw, to_dataset = cifar10.read_raw(locate(name, data_dir)), cifar10.to_dataset
     return _split(name, raw, to_dataset, val_size, train_subset, test_subset, seed)
@@ -268,6 +297,12 @@ def fetch(name: str, dest: str | os.PathLike | None = None) -> Path:
     base = Path(dest).expanduser() if dest is not None else _default_fetch_root()
     if name == "mnist1d":
         return mnist1d.generate(base / "mnist1d").parent
+    if name == "licenses":  # nothing to download: a copy of the system's files
+        source, folder = locate(name), base / "licenses"
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in licenses.FILES:
+            shutil.copyfile(source / f, folder / f)
+        return folder
     if name == "fashion-mnist":
         folder = base / "fashion-mnist"
         for f in fashion_mnist.FILES:
@@ -303,7 +338,7 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict[str, An
                 "train_size": n_train,
                 "test_size": n_test,
                 "input_shape": shape,
-                "num_classes": 10,
+                "num_classes": num_classes(name),
                 "download_mb": mb,
             }
         )

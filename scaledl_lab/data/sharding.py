@@ -39,8 +39,11 @@ def shard_indices(
     """
     if scheme not in SHARDINGS:
         raise ValueError(f"unknown sharding scheme {scheme!r}; choose one of {SHARDINGS}")
-    if labels.dim() != 1:
-        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
+    if labels.dim() != 1 and scheme != "iid":
+        raise ValueError(
+            f"{scheme} sharding needs one label per sample, got labels of shape "
+            f"{tuple(labels.shape)} (next-token targets: use iid)"
+        )
     n = int(labels.shape[0])
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")

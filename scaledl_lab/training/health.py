@@ -18,11 +18,11 @@ import pandas as pd
 
 from .. import families
 from ..config import DEFAULT_OPTIMISER, ExperimentConfig
+from ..data import num_classes
 from ..errors import DivergenceError
 from ..families import OPTIMISER_FIELDS
 
-CLASSES = 10  # every dataset of the lab has ten classes
-NEAR_CHANCE = 1.5  # a final test accuracy below 1.5 × chance (15%) counts as near chance
+NEAR_CHANCE = 1.5  # a final test accuracy below 1.5 × chance (15% of ten classes) counts
 EXPLODED = 3.0  # a final test loss above 3 × ln(classes), the loss of a uniform guess
 
 
@@ -62,20 +62,21 @@ def run_warnings(summary: pd.DataFrame, configs: Sequence[ExperimentConfig]) -> 
     """One warning per run of ``summary`` (:func:`scaledl_lab.viz.plots.summary_table`) that ends
     near chance or whose test loss exploded, with its likely cause."""
     by_label = {cfg.label: cfg for cfg in configs}
-    chance = 1 / CLASSES
     out = []
     for r in summary.itertuples(index=False):
         cfg = by_label.get(r.run)
         acc, loss = float(r.test_accuracy), float(r.test_loss)
         if cfg is None or math.isnan(acc):
             continue
+        classes = num_classes(cfg.dataset)  # a text corpus's: its vocabulary
+        chance = 1 / classes
         what = []
         if acc < NEAR_CHANCE * chance:
             what.append(f"ends near chance ({acc:.1%} test accuracy; chance is {chance:.0%})")
-        if not math.isfinite(loss) or loss > EXPLODED * math.log(CLASSES):
+        if not math.isfinite(loss) or loss > EXPLODED * math.log(classes):
             what.append(
                 f"its test loss exploded ({loss:.3g}; a uniform guess scores "
-                f"{math.log(CLASSES):.2f})"
+                f"{math.log(classes):.2f})"
             )
         if what:
             out.append(f"run {r.run}: {' and '.join(what)}; likely cause: {likely_cause(cfg)}")

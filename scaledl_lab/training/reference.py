@@ -26,6 +26,7 @@ from .. import families
 from ..config import ExperimentConfig
 from ..data import DataSplits, epoch_batches, shard_indices, steps_per_epoch
 from ..models import build_model
+from ..objective import model_input
 from .schedule import StepPlan, set_lr
 from .worker import make_optimizer
 
@@ -73,7 +74,9 @@ def train_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]:
     for step, idx in enumerate(batches[: plan.total_steps]):
         set_lr(optimizer, plan.lr(step))
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
+        loss = F.cross_entropy(
+            model(model_input(data.train.x[idx], None, cfg.dtype)), data.train.y[idx]
+        )
         loss.backward()
         optimizer.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -107,7 +110,9 @@ def train_worker_mean(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]
     for batches in steps[: cfg.max_steps]:
         total: list[torch.Tensor] | None = None
         for idx in batches:
-            loss = F.cross_entropy(model(data.train.x[idx].to(cfg.dtype)), data.train.y[idx])
+            loss = F.cross_entropy(
+                model(model_input(data.train.x[idx], None, cfg.dtype)), data.train.y[idx]
+            )
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             grads = [
                 torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
@@ -165,7 +170,7 @@ class Gradients:
     def __call__(self, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             nn.utils.vector_to_parameters(w, self.params)
-        x, y = self.data.train.x[idx].to(self.cfg.dtype), self.data.train.y[idx]
+        x, y = model_input(self.data.train.x[idx], None, self.cfg.dtype), self.data.train.y[idx]
         loss = F.cross_entropy(self.model(x), y)
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return torch.cat(

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import families
@@ -23,6 +22,7 @@ from ..config import ExperimentConfig
 from ..data import Dataset, DataSplits, epoch_batches, shard_indices
 from ..metrics import Row, record
 from ..models import build_model
+from ..objective import correct_count, model_input, summed_loss
 from ..params import state_dict_cpu
 from ..runtime.base import Comm
 from . import precision_checks  # noqa: F401  (the config's check of precision, registered)
@@ -53,7 +53,7 @@ class StepStats:
     """What one local step measured on its own mini-batch."""
 
     loss: float
-    correct: int
+    correct: float  # samples predicted right (a sequence: the share of its tokens)
     samples: int
 
 
@@ -141,7 +141,8 @@ class WorkerContext:
         cfg = self.config
         size = self.plan.batch_size(epoch) * cfg.accumulate
         for idx in epoch_batches(self.shard, size, seed=cfg.seed, epoch=epoch, rank=self.data_rank):
-            yield train.x[idx].to(self.device, self.config.dtype), train.y[idx].to(self.device)
+            x = model_input(train.x[idx], self.device, self.config.dtype)
+            yield x, train.y[idx].to(self.device)
 
     def local_batches(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This worker's first ``total_steps`` mini-batches, epoch after epoch (after the
@@ -261,11 +262,11 @@ class WorkerContext:
         with torch.no_grad():
             for start in range(0, len(idx), EVAL_BATCH):
                 part = idx[start : start + EVAL_BATCH]
-                x = split.x[part].to(self.device, self.config.dtype)
+                x = model_input(split.x[part], self.device, self.config.dtype)
                 y = split.y[part].to(self.device)
                 out = model(x)
-                totals[0] += F.cross_entropy(out, y, reduction="sum").item()
-                totals[1] += (out.argmax(1) == y).sum().item()
+                totals[0] += summed_loss(out, y).item()
+                totals[1] += correct_count(out, y)
                 totals[2] += len(part)
         model.train(was_training)
         return totals

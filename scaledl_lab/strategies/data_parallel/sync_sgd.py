@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...objective import correct_count
 from ...params import grad_or_zeros
 from ...runtime.base import Comm, Pending
 from ...training.ledger import SavedTensors, nbytes, replica_memory
@@ -220,7 +221,7 @@ async def forward_backward(
                 loss = F.cross_entropy(out, ym)
                 (loss / k if k > 1 else loss).backward()  # bucketed: allreduces start in here
         loss_sum += loss.item()
-        correct += int((out.argmax(1) == ym).sum().item())
+        correct += correct_count(out, ym)
     return StepStats(loss_sum / k, correct, len(y))
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...metrics import Row, summarise_workers
+from ...objective import correct_count
 from ...params import state_vector
 from ...runtime.base import Comm
 from ...training.worker import StepStats, WorkerContext, check_finite
@@ -43,7 +44,7 @@ async def local_gradient(
             optimizer.step()
     value = loss.item()
     check_finite(value, rank=ctx.rank, epoch=step // ctx.steps_per_epoch, step=step)
-    return StepStats(value, int((out.argmax(1) == y).sum().item()), len(y))
+    return StepStats(value, correct_count(out, y), len(y))
 
 
 async def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:

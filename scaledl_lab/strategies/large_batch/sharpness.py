@@ -26,6 +26,7 @@ from torch import nn
 
 from ...data import Dataset
 from ...models import build_model
+from ...objective import correct_count, summed_loss
 from ...training.plan import load_for
 
 SAMPLES = 1000  # probe set for the Hessian and ε-sharpness
@@ -148,8 +149,8 @@ def evaluate(model: nn.Module, split: Dataset, samples: int | None = None) -> tu
         for start in range(0, n, 1000):
             end = min(n, start + 1000)
             out = model(split.x[start:end].to(like.dtype))
-            loss_sum += F.cross_entropy(out, split.y[start:end], reduction="sum").item()
-            correct += int((out.argmax(1) == split.y[start:end]).sum().item())
+            loss_sum += summed_loss(out, split.y[start:end]).item()
+            correct += correct_count(out, split.y[start:end])
     model.train(was_training)
     return loss_sum / n, correct / n
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ...config import ExperimentConfig
 from ...data import DataSplits
 from ...models import build_model
+from ...objective import model_input
 from ...training.faults import parse_faults
 from ...training.reference import _plan, worker_batches
 from ...training.schedule import set_lr
@@ -98,7 +99,7 @@ def train_diloco_sequential(cfg: ExperimentConfig, data: DataSplits) -> dict[str
             model, inner, mine = replicas[i], inners[i], batches[i]
             set_lr(inner, plan.lr(t))
             inner.zero_grad()
-            x = data.train.x[mine[t]].to(cfg.dtype)
+            x = model_input(data.train.x[mine[t]], None, cfg.dtype)
             F.cross_entropy(model(x), data.train.y[mine[t]]).backward()
             inner.step()
         step = t + 1

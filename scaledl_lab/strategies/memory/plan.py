@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ...config import ExperimentConfig
-from ...data import sample_shape
+from ...data import num_classes, sample_shape
 from ...errors import ConfigError
 from ...models import build_model, model_flops
 from ...runtime.base import shard_numel
@@ -32,7 +32,6 @@ from .flat import blocks
 from .recompute import recomputed_bytes
 from .zero import STAGES
 
-NUM_CLASSES = 10  # every dataset of the lab
 PLANNED = ("allreduce", "allreduce-naive", *STAGES)
 STATE_TENSORS = {"sgd": 1, "adam": 2, "adagrad": 1}  # per element, as the optimisers keep them
 
@@ -51,7 +50,7 @@ def plan(cfg: ExperimentConfig) -> Plan:
     if cfg.strategy not in PLANNED:
         raise ConfigError(f"plan predicts {', '.join(PLANNED)}; not strategy={cfg.strategy!r}")
     shape = sample_shape(cfg.dataset)
-    model = build_model(cfg.model, shape, NUM_CLASSES, seed=cfg.seed).to(cfg.dtype)
+    model = build_model(cfg.model, shape, num_classes(cfg.dataset), seed=cfg.seed).to(cfg.dtype)
     precision = Precision.of(cfg)  # 16 bits: the logits cast to float32, as a run's
     model = model if precision is None else precision.attach(model)
     size, master, state = element_bytes(cfg.precision)  # bytes per parameter
@@ -84,10 +83,11 @@ def _activations(cfg: ExperimentConfig, model: torch.nn.Module, shape: tuple[int
     """Bytes saved for backward by one forward of the per-worker batch (zeros: sizes only);
     with recomputation, the checkpoints and the worst segment's recomputed activations
     (:func:`.recompute.recomputed_bytes`)."""
-    x = torch.zeros(cfg.batch_size, *shape, dtype=cfg.dtype)
+    tokens = getattr(model, "input_dtype", None) == torch.int64  # next-token data: y as x
+    x = torch.zeros(cfg.batch_size, *shape, dtype=torch.int64 if tokens else cfg.dtype)
     if cfg.recompute:
         return float(recomputed_bytes(model, x))
-    y = torch.zeros(cfg.batch_size, dtype=torch.long)
+    y = torch.zeros(cfg.batch_size, *(shape if tokens else ()), dtype=torch.long)
     saved = SavedTensors()
     with saved.counting(model):
         loss = F.cross_entropy(model(x), y)
@@ -139,7 +139,7 @@ def _buckets(cfg: ExperimentConfig, model: torch.nn.Module) -> list[tuple[int, i
 
 def _step(cfg, model, shape, padded: list[int], whole: int) -> tuple[float, int]:
     """The simulator's seconds and bytes for one step: compute, then each collective."""
-    cost = build_cost_model(cfg, model_flops(model, shape, NUM_CLASSES))
+    cost = build_cost_model(cfg, model_flops(model, shape, num_classes(cfg.dataset)))
     n, net, algo = cfg.workers, cost.network, cost.allreduce
     compute = cost.step_time(0, n, 0, cfg.batch_size) * (4 / 3 if cfg.recompute else 1)
     # The loss (float64), and with dynamic loss scaling at a ZeRO stage the overflow verdict

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ...config import ExperimentConfig
 from ...errors import ConfigError
+from ...objective import model_input
 from ...training.ledger import nbytes
 from ...training.reference import worker_batches
 from ...training.worker import load_for, make_optimizer, total_steps
@@ -121,7 +122,7 @@ def _rank(rank: int, cfg: ExperimentConfig, kind: str, port: int, out_dir: str) 
         for idx in islice(batches, total_steps(cfg)):
             started = time.perf_counter()
             optimizer.zero_grad()
-            x, y = data.train.x[idx].to(cfg.dtype), data.train.y[idx]
+            x, y = model_input(data.train.x[idx], None, cfg.dtype), data.train.y[idx]
             F.cross_entropy(model(x), y).backward()
             if kind == "zero-redundancy":  # its partner in PyTorch is DDP: average first
                 for p in model.parameters():

@@ -119,7 +119,8 @@ class SegmentBytes:
 
 def segment_bytes(model: nn.Module, x: torch.Tensor) -> SegmentBytes:
     """:class:`SegmentBytes` of ``model`` on the batch ``x`` (zeros do: sizes only)."""
-    y = torch.zeros(len(x), dtype=torch.long)
+    tokens = x.dtype == torch.int64  # next-token data: a target per position, as x
+    y = torch.zeros(x.shape if tokens else (len(x),), dtype=torch.long)
     parts = segments(model)
     with torch.no_grad(), buffers_kept(model):
         inputs = [x]

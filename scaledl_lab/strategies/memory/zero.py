@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...objective import correct_count
 from ...runtime.base import Pending
 from ...training.ledger import Peak, SavedTensors, StepMemory, nbytes, optimizer_state_bytes
 from ...training.recompute import buffers_kept
@@ -106,7 +107,7 @@ class ShardedModel:
                 loss.backward()
         # Stage 1: the whole gradient, then one reduce-scatter per layer.
         self.pending = [(u, u.reduce_start(self.comm, self.buffers)) for u in self.units.values()]
-        return StepStats(loss.item(), int((out.argmax(1) == y).sum().item()), len(y))
+        return StepStats(loss.item(), correct_count(out, y), len(y))
 
     async def _forward_backward_by_layer(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
         """Stages 2 and 3: layer by layer, the layers' graphs cut at their inputs, so that
@@ -166,7 +167,7 @@ class ShardedModel:
                 if len(self.pending) > 1:  # the one before has had this layer's time to go
                     await self._finish(*self.pending.pop(0))
         loss_value = loss.item() if loss is not None else math.nan
-        correct = int((logits.argmax(1) == y).sum().item())
+        correct = correct_count(logits, y)
         return StepStats(loss_value, correct, len(y))
 
     async def _finish(self, unit: FlatUnit, pending: Pending) -> None:

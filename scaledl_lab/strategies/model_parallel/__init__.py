@@ -2,7 +2,9 @@
 (:mod:`.partition`, with the checks of the family's options), pipeline schedules as pure
 functions (:mod:`.schedules`), the pipeline executor (:mod:`.pipeline`: ``model-parallel``,
 ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``; its messages in order, :mod:`.channels`)
-and Megatron-style tensor parallelism (:mod:`.tensor_parallel`)."""
+and Megatron-style tensor parallelism (:mod:`.tensor_parallel`; gpt-tiny's whole blocks and
+sequence parallelism in :mod:`.parallel_transformer`, its f and g operators in
+:mod:`.conjugates`)."""
 
 from ...families import Family, register_family
 from ..registry import described

@@ -1,7 +1,7 @@
 """The model-parallel options: stages per replica, micro-batches, how layers are balanced over
-the stages, model chunks per worker (interleaving), checked in :mod:`.partition`.
-Recomputation, which pipelines apply stage by stage, is every strategy's option
-(:mod:`scaledl_lab.strategies.memory.options`)."""
+the stages, model chunks per worker (interleaving), sequence parallelism, checked in
+:mod:`.partition`. Recomputation, which pipelines apply stage by stage, is every
+strategy's option (:mod:`scaledl_lab.strategies.memory.options`)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,8 @@ class ModelParallelOptions:
     virtual_stages: int = field(
         default=1,
         metadata=option("interleaved-1f1b: model chunks per worker (p·V virtual stages)"),
+    )
+    sequence_parallel: bool = field(
+        default=False,
+        metadata=option("tensor-parallel: split gpt-tiny's LayerNorm regions along the sequence"),
     )

@@ -11,6 +11,7 @@ stage. ``boundary_shapes`` is the dry run that gives every stage its receive-buf
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -18,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import families
+from ... import families, gpt
 from ...data import sample_shape
 from ...errors import ConfigError, choices
+from ...gpt import GPT
 from ...models import CNN, CNN1D, MLP, PreActResNet, build_model
 
 BALANCES = ("params", "time")  # or explicit counts "2,3,1"
@@ -45,6 +47,8 @@ def layers(model: nn.Module) -> list[nn.Module]:
         return list(model.features) + list(model.classifier)
     if isinstance(model, PreActResNet):
         return [model.stem, *model.layers, _BNReLU(model.bn), model.pool, nn.Flatten(), model.fc]
+    if isinstance(model, GPT):
+        return [model.embed, *model.blocks, model.head]
     raise TypeError(f"no layer list for {type(model).__name__}")
 
 
@@ -188,6 +192,11 @@ def check_model_parallel(cfg: Any) -> None:
     tensor-parallel degree), each one line naming the field, before any cluster starts."""
     name = cfg.strategy
     _check_virtual_stages(cfg)
+    if cfg.sequence_parallel and name != "tensor-parallel":
+        raise ConfigError(
+            f"sequence_parallel=True applies only to strategy='tensor-parallel' (it splits the "
+            f"regions tensor parallelism replicates), not to strategy={name!r}"
+        )
     if not families.has(name, "pipeline"):
         for option, default in (("stages", None), ("micro_batches", 1)):
             if getattr(cfg, option) != default:
@@ -261,11 +270,18 @@ def _check_split(cfg: Any, input_shape: tuple[int, ...]) -> None:
                 f"one; use at most virtual_stages={total // stages}"
             )
         parse_balance(cfg.balance, total, stages * v)
+    elif cfg.strategy == "tensor-parallel" and cfg.model == "gpt-tiny":
+        _check_transformer_split(cfg, input_shape[0])
     elif cfg.strategy == "tensor-parallel":
         if cfg.model != "mlp":
             raise ConfigError(
-                f"tensor-parallel splits the MLP's hidden layers; model={cfg.model!r} is not "
-                "supported, use model='mlp'"
+                f"tensor-parallel splits the MLP's hidden layers or gpt-tiny's blocks; "
+                f"model={cfg.model!r} is not supported, use model='mlp' or 'gpt-tiny'"
+            )
+        if cfg.sequence_parallel:
+            raise ConfigError(
+                "sequence_parallel=True splits a transformer's LayerNorm regions along the "
+                "sequence; model='mlp' has none, use model='gpt-tiny'"
             )
         hidden = MLP(1, 1).net[1].out_features
         if hidden % cfg.workers:
@@ -273,3 +289,20 @@ def _check_split(cfg: Any, input_shape: tuple[int, ...]) -> None:
                 f"the tensor-parallel degree workers={cfg.workers} does not divide the MLP's "
                 f"hidden width {hidden}; choose a divisor of {hidden}"
             )
+
+
+def _check_transformer_split(cfg: Any, sequence: int) -> None:
+    """gpt-tiny's heads, hidden width (and MLP width), and with sequence parallelism its
+    sequence, must divide by the tensor-parallel degree."""
+    p = cfg.workers
+    for what, size in (("attention heads", gpt.HEADS), ("hidden width", gpt.HIDDEN)):
+        if size % p:
+            raise ConfigError(
+                f"the tensor-parallel degree workers={p} does not divide gpt-tiny's {size} "
+                f"{what}; choose a divisor of {math.gcd(gpt.HEADS, gpt.HIDDEN)}"
+            )
+    if cfg.sequence_parallel and sequence % p:
+        raise ConfigError(
+            f"sequence_parallel=True splits the sequence of {sequence} positions over "
+            f"workers={p}, which does not divide it; choose a divisor of {sequence}"
+        )

@@ -33,10 +33,10 @@ import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...models import model_flops
+from ...objective import correct_count, model_input, summed_loss
 from ...params import flat_grad, write_grads
 from ...runtime.base import Group, Pending
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
@@ -47,7 +47,7 @@ from .partition import Chunk
 
 def loss_of(logits: torch.Tensor, y: torch.Tensor, batch_size: int) -> torch.Tensor:
     """A micro-batch's share of the mini-batch's mean loss (its sum over the whole batch)."""
-    return F.cross_entropy(logits, y, reduction="sum") / batch_size
+    return summed_loss(logits, y) / batch_size
 
 
 class Stage:
@@ -149,7 +149,7 @@ class Stage:
                     with context:
                         out = chunk.layers(inp)
                         if chunk.is_last:
-                            correct += int((out.argmax(1) == ys[m]).sum().item())
+                            correct += correct_count(out, ys[m])
                             out = loss_of(out, ys[m], cfg.batch_size)
                 end = comm.now()  # before the send: a receiver may start before isend returns
                 if chunk.is_last:
@@ -245,7 +245,7 @@ class Stage:
                 n = min(self.micro, len(split) - start)
                 for chunk in self.chunks:
                     if chunk.is_first:
-                        inp = split.x[start : start + n].to(self.ctx.device, cfg.dtype)
+                        inp = model_input(split.x[start : start + n], self.ctx.device, cfg.dtype)
                     else:
                         buffer = torch.empty((n, *chunk.in_shape[1:]), dtype=cfg.dtype)
                         inp = await comm.recv(buffer, self.base + chunk.prev_worker)
@@ -254,8 +254,8 @@ class Stage:
                             out = chunk.layers(inp)
                     if chunk.is_last:
                         y = split.y[start : start + n].to(self.ctx.device)
-                        totals[0] += F.cross_entropy(out, y, reduction="sum").item()
-                        totals[1] += int((out.argmax(1) == y).sum().item())
+                        totals[0] += summed_loss(out, y).item()
+                        totals[1] += correct_count(out, y)
                         totals[2] += n
                     else:
                         await comm.send(out, self.base + chunk.next_worker)
@@ -282,7 +282,9 @@ async def train(ctx: WorkerContext) -> None:
     model = ctx.build_model()  # the same seeded weights everywhere; each rank keeps its stage
     cfg = ctx.config
     every = partition.layers(model)
-    sample = ctx.data.train.x[: cfg.batch_size // cfg.micro_batches].to(ctx.device, cfg.dtype)
+    sample = model_input(
+        ctx.data.train.x[: cfg.batch_size // cfg.micro_batches], ctx.device, cfg.dtype
+    )
     stage = Stage(ctx, model, every, sample, await _counts(ctx, every, sample))
     # A stage of parameter-free layers only (a pooling, say) has nothing to step.
     optimizer = ctx.build_optimizer(stage.layers) if stage.params else None

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...objective import correct_count
 from ...params import param_vector
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of, steps_per_epoch_of
 from ..registry import register
@@ -80,7 +81,7 @@ async def train(ctx: WorkerContext) -> None:
             done = applied()
             ctx.log_train(
                 step,
-                StepStats(local_loss, int((out.argmax(1) == y).sum().item()), len(y)),
+                StepStats(local_loss, correct_count(out, y), len(y)),
                 staleness=staleness,
                 lr=lr_of(optimizer),
                 epoch=min(done, target) / per_epoch,

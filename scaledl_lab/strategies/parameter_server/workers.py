@@ -28,6 +28,7 @@ from torch import nn
 
 from ...config import ExperimentConfig
 from ...models import build_model
+from ...objective import correct_count
 from ...params import flat_grad, load_param_vector, param_vector
 from ...training.snapshots import restore, save_if_due
 from ...training.worker import (
@@ -256,7 +257,7 @@ async def train(ctx: WorkerContext) -> None:
             lr = staleness_aware_lr(base_lr, staleness)  # what the servers applied (mean τ)
         ctx.log_train(
             step,
-            StepStats(local_loss, int((out.argmax(1) == y).sum().item()), len(y)),
+            StepStats(local_loss, correct_count(out, y), len(y)),
             sent=comm.bytes_sent - sent_before,
             lr=lr,
             staleness=staleness,

@@ -1,0 +1,171 @@
+"""gpt-tiny: a decoder-only transformer (Radford et al. 2019, GPT-2's pre-LayerNorm layout, as
+karpathy/nanoGPT writes it), small enough to train on a laptop's CPU in seconds.
+
+Token and learned position embeddings, ``layers`` blocks of pre-LayerNorm causal self-attention
+(Q, K and V in one Linear, then an output projection) and a GELU MLP of width 4h, each added to
+the residual stream, then a final LayerNorm and a linear head. No dropout, so every run is
+deterministic. The head is *untied* from the token embedding: a pipeline puts the embedding on
+its first stage and the head on its last, and a tied weight would need its two gradients summed
+across stages.
+
+The lab trains every model with ``F.cross_entropy(model(x), y)``: for next-token prediction
+``x`` and ``y`` are ``(N, S)`` token ids (``y`` is ``x`` shifted by one), and the model returns
+its logits channels-first, ``(N, V, S)``, so that cross-entropy is the mean next-token loss and
+``argmax(1)`` the predicted tokens (:mod:`.objective` scores them per sequence).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# gpt-tiny's sizes: an epoch of the licenses corpus (about 6k sequences of 32 characters) takes
+# seconds on two cores.
+LAYERS, HIDDEN, HEADS = 2, 64, 4
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embeddings: ``(N, S)`` ids -> ``(N, S, h)``."""
+
+    input_dtype = torch.int64  # token ids, never cast to the run's float dtype
+
+    def __init__(self, vocabulary: int, sequence: int, hidden: int) -> None:
+        super().__init__()
+        self.token = nn.Embedding(vocabulary, hidden)
+        self.position = nn.Embedding(sequence, hidden)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.token(idx) + self.position(positions)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(QKᵀ/√d + causal mask)·V on ``(N, heads, S, d)`` tensors (the explicit form, so
+    that every runtime and device computes the same numbers)."""
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+class SelfAttention(nn.Module):
+    """Multi-head causal self-attention: QKV in one Linear (columns [Q | K | V], each head's
+    d = h / heads columns contiguous inside each), then the output projection."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, s, h = x.shape
+        q, k, v = (
+            t.view(n, s, self.heads, h // self.heads).transpose(1, 2)
+            for t in self.qkv(x).split(h, dim=2)
+        )
+        return self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(n, s, h))
+
+    def matmul_macs(self, output: torch.Tensor) -> int:
+        """Multiply-accumulates of QKᵀ and of the product with V (not Linear layers)."""
+        n, s, h = output.shape
+        return 2 * n * s * s * h
+
+
+class Block(nn.Module):
+    """x + attn(LN1(x)), then + MLP(LN2(·)): one pre-LayerNorm transformer block."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = SelfAttention(hidden, heads)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the (untied) vocabulary projection; logits ``(N, V, S)``."""
+
+    def __init__(self, hidden: int, vocabulary: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocabulary)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x)).transpose(1, 2)
+
+
+class GPT(nn.Module):
+    """embedding | blocks... | head, in turn its forward (the layer list a pipeline splits)."""
+
+    input_dtype = torch.int64
+
+    def __init__(
+        self,
+        vocabulary: int,
+        sequence: int,
+        layers: int = LAYERS,
+        hidden: int = HIDDEN,
+        heads: int = HEADS,
+    ) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"heads={heads} must divide hidden={hidden}")
+        self.vocabulary, self.sequence, self.heads = vocabulary, sequence, heads
+        self.embed = Embedding(vocabulary, sequence, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.head = Head(hidden, vocabulary)
+        self.apply(_init_weights)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """Greedy continuation of ``idx`` (``(N, T)`` ids) by ``new_tokens`` tokens, each
+        predicted from at most the last ``sequence`` tokens."""
+        was_training = self.training
+        self.eval()
+        for _ in range(new_tokens):
+            logits = self(idx[:, -self.sequence :])
+            idx = torch.cat([idx, logits[:, :, -1].argmax(1, keepdim=True)], dim=1)
+        self.train(was_training)
+        return idx
+
+
+def _init_weights(module: nn.Module) -> None:
+    # GPT-2's initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps its 1 and 0).
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def generated_text(model: GPT, prompt: str, encode, decode, new_tokens: int = 80) -> str:
+    """``prompt`` and its greedy continuation by ``model`` (``encode``/``decode``: text <->
+    token ids)."""
+    param = next(model.parameters())
+    idx = torch.tensor([encode(prompt)], dtype=torch.int64, device=param.device)
+    return decode(model.generate(idx, new_tokens)[0].tolist())
+
+
+__all__ = [
+    "GPT",
+    "Block",
+    "Embedding",
+    "Head",
+    "SelfAttention",
+    "causal_attention",
+    "generated_text",
+]
