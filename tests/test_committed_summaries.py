@@ -88,4 +88,6 @@ def test_the_compression_report_renders_as_committed():
         "onebit · EF": "supported",
         "onebit · no EF": "supported",
         "dgc:0.001 · EF": "supported",
+        "powersgd:2 · EF": "supported",
+        "qsgd:4 · unbiased": "supported",
     }
