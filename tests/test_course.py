@@ -132,3 +132,51 @@ def test_the_numbers_a_solution_quotes_are_the_notebooks_outputs(path):
 def test_the_number_matcher_reads_precision_and_percentages():
     assert _known("7.5", [7.4712]) and _known("86.53", [0.8653]) and _known("0.158", [0.1577])
     assert not _known("11.4", [7.47, 0.114 + 0.01]) and not math.isnan(float("7.5"))
+
+
+# -- the library's figures: every legend inside its figure, none on an axes' title -------------
+
+
+def _legends_inside(fig) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    assert legends, "no legend drawn"
+    box = fig.bbox
+    for legend in legends:
+        extent = legend.get_window_extent(renderer)
+        assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, (extent, box)
+        assert box.y0 - 1 <= extent.y0 and extent.y1 <= box.y1 + 1, (extent, box)
+        for ax in fig.axes:
+            if ax.get_title():
+                assert not extent.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
+
+
+@pytest.mark.parametrize("name", ["gap", "warmup", "smith", "sharpness"])
+def test_the_large_batch_figures_keep_their_legends_inside(name):
+    from scaledl_lab.strategies.large_batch.study import load_study
+
+    _legends_inside(load_study(ROOT / "results" / "large-batch").figure(name))
+
+
+@pytest.mark.parametrize("x", ["epoch", "time"])
+def test_the_long_comparisons_seed_bands_keep_their_legend_inside(x):
+    import pandas as pd
+
+    from scaledl_lab.studies.long_run import seed_bands
+
+    frame = pd.read_csv(ROOT / "results" / "reproduce-long" / "curves.csv")
+    _legends_inside(seed_bands(frame, x=x))
+
+
+def test_the_committed_comparisons_standard_figures_keep_their_legends_inside():
+    import pandas as pd
+
+    from scaledl_lab.viz.plots import standard_figures
+
+    frame = pd.read_parquet(ROOT / "results" / "reproduce-quick" / "metrics.parquet")
+    for name, fig in standard_figures(frame):
+        if name != "throughput.png":  # a bar chart: no legend
+            _legends_inside(fig)
