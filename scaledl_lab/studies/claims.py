@@ -267,7 +267,7 @@ def _straggler_verdicts(
             f"with {who}, the others keep {s_nnt[kept]:.1%} of their step rate with NNT torus"
             + (f" ({variants})" if variants else "")
             + f", {s_sync[kept]:.1%} with allreduce (a mean: NNT's neighbours of the straggler "
-            f"step faster, receiving fewer gradients to apply, and workers further away slower)",
+            f"step faster, receiving fewer gradients to apply, and workers two hops away slower)",
             figures | rates,
         ))  # fmt: skip
     ok = s_nnt[slow] < (1 - MARGIN) * s_sync[slow]
