@@ -105,3 +105,30 @@ def test_study_configs_share_everything_but_the_compression():
     assert [c.label for c in configs][:3] == ["none", "topk:0.004 · EF", "topk:0.004 · no EF"]
     assert len({c.replace(compress="none", error_feedback=True, name=None) for c in configs}) == 1
     assert isinstance(Results, type)
+
+
+def test_powersgd_and_qsgd_get_verdicts_too():
+    table = _table(
+        [
+            ("none", True, 0.88, 1.0),
+            ("powersgd:2", True, 0.875, 100.0),
+            ("qsgd:4", True, 0.76, 7.9),
+            ("qsgd:4", False, 0.86, 7.9),
+        ]
+    )
+    claims = {c.key: c for c in report.verdicts(table)}
+    assert {k: c.verdict for k, c in claims.items()} == {
+        "powersgd:2 · EF": "supported",
+        "qsgd:4 · unbiased": "not supported",  # 2 points below uncompressed
+    }
+    assert claims["powersgd:2 · EF"].source == "Vogels et al. 2019"
+    assert claims["qsgd:4 · unbiased"].source == "Alistarh et al. 2017"
+    assert claims["qsgd:4 · unbiased"].figures["points_vs_none"] == pytest.approx(-2.0)
+    assert report.sentence(claims["qsgd:4 · unbiased"]) == (
+        "QSGD with 4 levels (unbiased) at ×8 without error feedback: -2.00 points against "
+        "uncompressed — not within 1 point."
+    )
+    better = _table([("none", True, 0.88, 1.0), ("qsgd:4", False, 0.875, 7.9)])
+    assert [(c.key, c.verdict) for c in report.verdicts(better)] == [
+        ("qsgd:4 · unbiased", "supported")
+    ]

@@ -14,6 +14,7 @@ from scaledl_lab.viz.plots import (
     plot_curves,
     plot_throughput,
     save_standard_plots,
+    standard_figures,
     summary_markdown,
     summary_table,
     throughput,
@@ -242,10 +243,62 @@ def test_real_and_simulated_runs_get_separate_time_panels(tmp_path):
             rows.append(dict(run=run, runtime=runtime, kind="test", rank=0, epoch=epoch,
                              step=epoch, time=scale * epoch, accuracy=0.5, loss=1.0,
                              samples=10))  # fmt: skip
-    from matplotlib.image import imread
+    from scaledl_lab.viz.plots import standard_figures
 
-    from scaledl_lab.viz.plots import save_standard_plots
+    figures = dict(standard_figures(pd.DataFrame(rows)))
+    for name in ("accuracy_vs_time.png", "accuracy_vs_epoch.png"):
+        titles = [ax.get_title() for ax in figures[name].axes]
+        assert len(titles) == 2 and "(dask: " in titles[0] and "(sim: " in titles[1], titles
 
-    paths = {p.name: p for p in save_standard_plots(pd.DataFrame(rows), tmp_path)}
-    wide, narrow = imread(paths["accuracy_vs_time.png"]), imread(paths["accuracy_vs_epoch.png"])
-    assert wide.shape[1] == 2 * narrow.shape[1]  # two panels: dask, sim
+
+def _many_runs() -> pd.DataFrame:
+    """As many runs as the paper comparison draws (6 real, 17 simulated, seeds among them)."""
+    names = [f"m{i} · dask · 2w" for i in range(6)]
+    names += [f"m{i} · sim · 16w · seed {s}" for i in (0, 1) for s in range(3)]
+    names += [f"m{i} · sim · 16w{v}" for i, v in ((2, ""), (3, ""), (4, ""), (5, ""),
+                                                  (0, " · straggler"), (1, " · straggler"),
+                                                  (1, " · straggler · lead 4"),
+                                                  (6, ""), (7, ""), (8, ""), (9, ""))]  # fmt: skip
+    rows = [dict(run=run, runtime=run.split(" · ")[1], kind=kind, rank=rank, epoch=e, step=e,
+                 time=0.5 * e + i, accuracy=0.1 + 0.3 * e - 0.01 * i, loss=2.0 - 0.5 * e,
+                 samples=10)
+            for i, run in enumerate(names) for kind in ("train", "test") for rank in (0, 1)
+            for e in (0, 1, 2)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _inside(inner, outer, slack: float = 1.0) -> bool:
+    return (inner.x0 >= outer.x0 - slack and inner.y0 >= outer.y0 - slack
+            and inner.x1 <= outer.x1 + slack and inner.y1 <= outer.y1 + slack)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["accuracy_vs_epoch.png", "accuracy_vs_time.png",
+                                  "loss_vs_epoch.png", "loss_vs_time.png"])  # fmt: skip
+def test_every_legend_lies_inside_its_figure_and_covers_no_axes(name):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = dict(standard_figures(_many_runs()))[name]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    figure_box = fig.bbox
+    legends = [ax.get_legend() for ax in fig.axes]
+    assert all(legends) and len(legends) == 2
+    for ax, legend in zip(fig.axes, legends, strict=True):
+        box = legend.get_window_extent(renderer)
+        assert _inside(box, figure_box), (name, box, figure_box)
+        assert not box.overlaps(ax.get_window_extent(renderer))  # beside the axes, not on them
+        assert not box.overlaps(ax.title.get_window_extent(renderer))
+    # Seeds share an entry: 17 simulated runs, 13 entries.
+    entries = [len(legend.get_texts()) for legend in legends]
+    assert entries == [6, 13]
+    assert "m0 · sim · 16w (seeds 0, 1, 2)" in [t.get_text() for t in legends[1].get_texts()]
+
+
+def test_a_few_runs_keep_their_legend_inside_the_axes(frame: pd.DataFrame) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot_curves(frame)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    assert _inside(ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer))

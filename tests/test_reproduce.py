@@ -61,6 +61,9 @@ def test_seeds_and_the_learning_rate_grid_repeat_the_chosen_simulated_runs():
 def test_the_traffic_sweep_runs_nnt_and_a_server_at_growing_n_for_two_steps():
     sweep = rp.traffic_configs(is_quick=True)
     assert [c.label for c in sweep] == [
+        "traffic · allreduce · 4w",
+        "traffic · allreduce · 16w",
+        "traffic · allreduce · 64w",
         "traffic · nnt ring · 4w",
         "traffic · nnt ring · 16w",
         "traffic · nnt ring · 64w",

@@ -8,10 +8,13 @@ differ only in their seed (names ending " · seed N") are one method, reported a
 deviation; variants that differ only in their learning rate (" · lr×F") are one method whose
 rate is chosen on validation
 (:func:`by_method`). Every number in its text comes from the tables or from the configs they
-record (topology, straggler setting), never typed in. Each claim is quoted from the
-project's account of the paper (``docs/PAPER.md``, :data:`QUOTES`): our summary of the paper in
-our words, not the paper's own (which is not at hand), and every Claim says so
-(``source``, ``in_our_words``). :func:`markdown_line` renders a Claim as the summaries print it.
+record (topology, straggler setting), never typed in.
+
+Whose words: the paper itself is not at hand. ``docs/PAPER.md`` is the project's summary of it,
+in our words. Each claim (:data:`CLAIMS`) is a claim the paper makes, as we read it, stated in
+our words, beside the sentence of our summary it reads (quoted verbatim); every Claim says so
+(``source``, ``quote``, ``in_our_words``). :func:`markdown_line` renders a Claim as the summaries
+print it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pandas as pd
 
 from ..runtime.sim.cost import Stragglers
-from ..topology import diameter
+from ..topology import diameter, neighbours
 from .verdict import Claim, Verdict, mark
 
 MARGIN = 0.05  # a speed claim holds only if the difference exceeds this (timings are noisy)
@@ -31,38 +35,67 @@ ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many poi
 TRAFFIC_TOLERANCE = 0.05
 RATE_KEPT = 0.9  # "not coupled": the other workers keep this fraction of their step rate
 
-# Each claim as PAPER.md states it, quoted verbatim (its line breaks read as spaces), by the key
-# :func:`verdicts` files the claim's verdict under. The paper's own figures are not available:
-# these are the sentences the measurements answer. They are our words (PAPER.md's "What it argues
-# (in our words)"), not the paper's.
-SOURCE = "PAPER.md"
-QUOTES: dict[str, str] = {
-    "accuracy": "preliminary convergence/scalability results against the distributed training "
-    "tools of a mainstream framework (MXNet parameter server, `dist_sync` and `dist_async`)",
-    "traffic": "Communication per worker stays constant as the cluster grows",
-    "time": "These limit scaling, couple every worker to the slowest one, and force huge "
-    "effective batches.",
-    "straggler": "The worker never waits for its neighbours: it drains what has arrived and "
-    "carries on with its next local batch",
-    "staleness": "staleness slows or destabilises convergence unless compensated "
-    "(staleness-aware LR, delay compensation)",
-    "topology": "information still diffuses across the whole topology over a few steps",
+# Each claim the paper makes, as we read it (our words), and the sentence of docs/PAPER.md (our
+# summary of the paper, also in our words) that it reads, verbatim (its line breaks read as
+# spaces), by the key :func:`verdicts` files the claim's verdict under.
+SOURCE = "docs/PAPER.md"
+DIAGNOSIS = (
+    "These limit scaling, couple every worker to the slowest one, and force huge effective batches."
+)
+CLAIMS: dict[str, tuple[str, str]] = {
+    "accuracy": (
+        "NNT trains as accurately as synchronous SGD at equal epochs: its workers keep their own "
+        "batch where a global pattern's effective batch grows with the workers",
+        DIAGNOSIS,
+    ),
+    "traffic": (
+        "NNT's communication per worker stays constant as the cluster grows, and stays between "
+        "neighbours: no step needs a global collective",
+        "Communication per worker stays constant as the cluster grows",
+    ),
+    "time": (
+        "Without a global communication pattern NNT scales better: it trains faster per epoch "
+        "than allreduce or a parameter server",
+        DIAGNOSIS,
+    ),
+    "straggler": (
+        "A global pattern couples every worker to the slowest one; NNT's workers do not wait "
+        "for a slow one",
+        DIAGNOSIS,
+    ),
+    "straggler run": (
+        "A straggler therefore slows an NNT run less than a synchronous one",
+        DIAGNOSIS,
+    ),
+    "staleness": (
+        "Asynchronous SGD pays for stale gradients in accuracy",
+        "staleness slows or destabilises convergence unless compensated (staleness-aware LR, "
+        "delay compensation)",
+    ),
+    "topology": (
+        "Information diffuses over the whole topology within a few steps, so a topology of "
+        "smaller diameter keeps NNT's workers closer together",
+        "information still diffuses across the whole topology over a few steps",
+    ),
 }
+QUOTES: dict[str, str] = {key: quote for key, (_, quote) in CLAIMS.items()}
 
 
 def quoted(key: str, test: str, verdict: Verdict, reason: str, figures: dict[str, float]) -> Claim:
-    """The claim filed under ``key`` (a key of :data:`QUOTES`), quoted from PAPER.md: ``test``
-    what is tested (with its rule), ``reason`` the numbers in words, ``figures`` by name."""
-    return Claim(key=key, claim=QUOTES[key], source=SOURCE, in_our_words=True, test=test,
+    """The claim filed under ``key`` (a key of :data:`CLAIMS`), with the sentence of
+    docs/PAPER.md it reads: ``test`` what is tested (with its rule), ``reason`` the numbers in
+    words, ``figures`` by name."""
+    claim, quote = CLAIMS[key]
+    return Claim(key=key, claim=claim, source=SOURCE, quote=quote, in_our_words=True, test=test,
                  verdict=verdict, reason=reason, figures=figures)  # fmt: skip
 
 
 def markdown_line(claim: Claim) -> str:
-    """The summary's line: "- *“<quote>”* (PAPER.md) — <what is tested>: **<verdict>** —
-    <numbers>." """
+    """The summary's line: "- <claim> (our reading of the paper; docs/PAPER.md, our summary in
+    our words: *“<quote>”*). Tested: <what is tested>: **<verdict>** — <numbers>." """
     return (
-        f"- *“{claim.claim}”* ({claim.source}) — {claim.test}: **{claim.verdict}** — "
-        f"{claim.reason}."
+        f"- {claim.claim} (our reading of the paper; {claim.source}, our summary in our words: "
+        f"*“{claim.quote}”*). Tested: {claim.test}: **{claim.verdict}** — {claim.reason}."
     )
 
 
@@ -145,19 +178,26 @@ def _pick(frame: pd.DataFrame, strategy: str, topology: str = "") -> pd.Series |
 
 
 def _traffic_verdict(traffic: pd.DataFrame) -> Claim | None:
-    """Constant per NNT worker, growing with N at a server: decided on the sweep's rows."""
+    """Constant per NNT worker and sent to neighbours only (one gradient per neighbour), beside
+    allreduce's per-worker bytes (bounded too, but every step global) and a server's load
+    (growing with N): decided on the sweep's rows."""
     nnt = traffic[traffic["strategy"].str.startswith("nnt")].sort_values(["method", "workers"])
     ps = traffic[traffic["servers"] > 0].sort_values("workers")
+    ring = traffic[traffic["strategy"] == "allreduce"].sort_values("workers")
     if nnt.empty or ps["workers"].nunique() < 2:
         return None
-    parts, flat, figures = [], True, {}
+    parts, flat, local, figures = [], True, True, {}
     for method, rows in nnt.groupby("method", sort=False):
         sent = rows["bytes_per_worker_step"]
         flat &= bool(sent.max() <= (1 + TRAFFIC_TOLERANCE) * sent.min())
         figures |= {f"{method} bytes_per_worker_step @{n}w": b for n, b in zip(
             rows["workers"].astype(int), sent, strict=True)}  # fmt: skip
-        grads = (sent / rows["model_bytes"]).mean()
-        per = f" ({grads:.0f} gradients, one per neighbour)" if math.isfinite(grads) else ""
+        grads = sent / rows["model_bytes"]
+        degree = [len(neighbours(t, int(n), 0)) for t, n in zip(
+            rows["topology"], rows["workers"], strict=True)]  # fmt: skip
+        if grads.notna().all():
+            local &= bool(np.allclose(grads, degree, rtol=TRAFFIC_TOLERANCE))
+        per = f" ({grads.mean():.0f} gradients, one per neighbour)" if grads.notna().all() else ""
         parts.append(f"{method} {_mib(sent)} at N = {_ns(rows['workers'])}{per}")
     lo, hi = ps.iloc[0], ps.iloc[-1]
     growth = hi["server_bytes_per_round"] / lo["server_bytes_per_round"]
@@ -166,12 +206,29 @@ def _traffic_verdict(traffic: pd.DataFrame) -> Claim | None:
     figures |= {f"server_bytes_per_round @{int(r['workers'])}w": r["server_bytes_per_round"]
                 for _, r in ps.iterrows()}  # fmt: skip
     figures |= {"server_growth": growth, "workers_growth": more}
+    allreduce = ""
+    if not ring.empty:
+        figures |= {f"allreduce bytes_per_worker_step @{int(r['workers'])}w":
+                    r["bytes_per_worker_step"] for _, r in ring.iterrows()}  # fmt: skip
+        top = int(ring["workers"].max())
+        torus = nnt[(nnt["workers"] == top) & nnt["topology"].fillna("").str.startswith("torus")]
+        more_than = ""
+        if len(torus):
+            ratio = torus["bytes_per_worker_step"].iloc[0] / ring["bytes_per_worker_step"].iloc[-1]
+            figures[f"nnt torus over allreduce @{top}w"] = ratio
+            more_than = f"; at N = {top} an NNT torus worker sends ×{ratio:.1f} allreduce's bytes"
+        allreduce = (
+            f"; allreduce {_mib(ring['bytes_per_worker_step'])} at N = {_ns(ring['workers'])}: "
+            f"bounded per worker too (2(N − 1)/N gradients), but every step a global "
+            f"collective{more_than}"
+        )
     return quoted(
         "traffic",
-        f"NNT's traffic per worker stays constant as the workers grow (within "
-        f"{TRAFFIC_TOLERANCE:.0%}), while a parameter server's grows with them",
-        mark(flat and grows),
-        f"bytes a worker sends per step: {'; '.join(parts)}; the busiest server moves "
+        f"an NNT worker's bytes per step stay constant as the workers grow (within "
+        f"{TRAFFIC_TOLERANCE:.0%}) and are one gradient per neighbour, while the busiest "
+        f"parameter server's grow with the workers",
+        mark(flat and local and grows),
+        f"bytes a worker sends per step: {'; '.join(parts)}{allreduce}; the busiest server moves "
         f"{_mib(ps['server_bytes_per_round'])} per round at N = {_ns(ps['workers'])} "
         f"(×{growth:.1f} for ×{more:g} workers; simulated, "
         f"{int(hi['servers'])} server{'s' if hi['servers'] > 1 else ''})",
@@ -179,39 +236,51 @@ def _traffic_verdict(traffic: pd.DataFrame) -> Claim | None:
     )
 
 
-def _straggler_verdict(
+def _straggler_verdicts(
     strag: pd.DataFrame, s_sync: pd.Series, s_nnt: pd.Series, s_async: pd.Series | None
-) -> Claim:
-    """Decided on the other workers' step rates where the table has them (FAST's claim: a
-    worker never waits for a slow neighbour), else on the run's time per epoch."""
+) -> list[Claim]:
+    """Two claims: the other workers' step rates (a worker does not wait for a slow one), where
+    the table has them, and the whole run's slowdown (until its slowest worker is done) against
+    synchronous SGD's: never waiting is not never being slowed."""
     slow, kept = "straggler_slowdown", "others_rate_kept"
     who = _slow_ranks(s_nnt["stragglers"])
     also = f", ×{s_async[slow]:.2f} for async PS" if s_async is not None else ""
-    times = f"×{s_sync[slow]:.2f} as long for allreduce, ×{s_nnt[slow]:.2f} for NNT torus{also}"
+    times = f"×{s_nnt[slow]:.2f} as long for NNT torus, ×{s_sync[slow]:.2f} for allreduce{also}"
     figures = {f"rank_{r}_slower": f for r, f in Stragglers.parse(s_nnt["stragglers"]).slow.items()}
     figures |= {"allreduce_slowdown": s_sync[slow], "nnt_torus_slowdown": s_nnt[slow]}
     if s_async is not None:
         figures["ps_async_slowdown"] = s_async[slow]
-    test = "NNT is not coupled to the slowest worker the way synchronous SGD is"
+    degree = len(neighbours(s_nnt["topology"], int(s_nnt["workers"]), 0))
+    out = []
     if kept in s_nnt and not math.isnan(s_nnt[kept]):
         nnt = strag[(strag["strategy"] == "nnt") & strag["topology"].fillna("").str.startswith(
             "torus")]  # fmt: skip
         others = nnt[nnt["run"] != s_nnt["run"]]
         variants = ", ".join(f"{r[kept]:.1%} with {r['run']}" for _, r in others.iterrows())
-        figures |= {"nnt_torus_rate_kept": s_nnt[kept], "allreduce_rate_kept": s_sync[kept]}
-        figures |= {f"{r['run']} rate_kept": r[kept] for _, r in others.iterrows()}
-        return quoted(
+        rates = {"nnt_torus_rate_kept": s_nnt[kept], "allreduce_rate_kept": s_sync[kept]}
+        rates |= {f"{r['run']} rate_kept": r[kept] for _, r in others.iterrows()}
+        out.append(quoted(
             "straggler",
-            f"{test} (the other workers keep at least {RATE_KEPT:.0%} of their step rate)",
-            mark(s_nnt[kept] >= RATE_KEPT),
+            f"the other workers of NNT keep at least {RATE_KEPT:.0%} of their step rate on "
+            f"average, where synchronous SGD's do not",
+            mark(s_nnt[kept] >= RATE_KEPT and s_sync[kept] < RATE_KEPT),
             f"with {who}, the others keep {s_nnt[kept]:.1%} of their step rate with NNT torus"
             + (f" ({variants})" if variants else "")
-            + f", {s_sync[kept]:.1%} with allreduce; an epoch of the whole run (until its "
-            f"slowest worker is done) takes {times}",
-            figures,
-        )
+            + f", {s_sync[kept]:.1%} with allreduce (a mean: NNT's neighbours of the straggler "
+            f"step faster, receiving fewer gradients to apply, and workers two hops away slower)",
+            figures | rates,
+        ))  # fmt: skip
     ok = s_nnt[slow] < (1 - MARGIN) * s_sync[slow]
-    return quoted("straggler", test, mark(ok), f"with {who}, an epoch takes {times}", figures)
+    out.append(quoted(
+        "straggler run",
+        f"the straggler lengthens an epoch of the whole NNT run (until its slowest worker is "
+        f"done) by less than synchronous SGD's (by more than {MARGIN:.0%})",
+        mark(ok),
+        f"with {who}, an epoch of the whole run takes {times}; the straggler itself applies "
+        f"1 + {degree} gradients per step (its own and one per neighbour) at its slow pace",
+        figures | {"degree": degree},
+    ))  # fmt: skip
+    return out
 
 
 def _acc_figures(**rows: pd.Series) -> dict[str, float]:
@@ -271,7 +340,7 @@ def verdicts(table: pd.DataFrame, traffic: pd.DataFrame | None = None) -> list[C
     s_sync, s_async = _pick(strag, "allreduce"), _pick(strag, "ps-async")
     s_nnt = _pick(strag, "nnt", "torus")
     if s_sync is not None and s_nnt is not None:
-        out.append(_straggler_verdict(strag, s_sync, s_nnt, s_async))
+        out += _straggler_verdicts(strag, s_sync, s_nnt, s_async)
     if ps_async is not None and sync is not None:
         gap = 100 * (sync[acc] - ps_async[acc])
         out.append(

@@ -54,6 +54,7 @@ TORUS = "torus:4x4"
 STRAGGLER = "slow:5:4"  # rank 5 takes four times as long per step
 PS_SERVERS = 8  # the paper's baseline: 16 workers and 8 servers
 TRAFFIC_METHODS = (
+    dict(strategy="allreduce"),  # bounded per worker too, but global: the baseline to compare
     dict(strategy="nnt", topology="ring"),
     dict(strategy="nnt", topology="torus"),  # the square torus of each N (none at 4)
     dict(strategy="ps-sync", servers=1),
@@ -183,7 +184,7 @@ def smoke_configs() -> list[ExperimentConfig]:
 
 
 def traffic_configs(is_quick: bool, setting: Setting | None = None) -> list[ExperimentConfig]:
-    """The traffic sweep: NNT (ring, torus) and a one-server PS at each of
+    """The traffic sweep: allreduce, NNT (ring, torus) and a one-server PS at each of
     ``scaling.TRAFFIC_WORKERS`` worker counts, two steps each.
 
     Bytes per step depend on the model's size, not on its accuracy; the sweep uses the MLP on the

@@ -23,10 +23,11 @@ def mark(holds: bool) -> Verdict:
 class Claim:
     """One claim and what our measurements say of it.
 
-    ``claim`` is the claim as quoted or stated; ``source`` says where it comes from (a file of
-    this repository or the works it cites) and ``in_our_words`` whether those are our words (our
+    ``claim`` is the claim as stated; ``source`` says where it comes from (a file of this
+    repository or the works it cites), ``quote`` the sentence of that source it reads, verbatim
+    (empty where it reads none), and ``in_our_words`` whether the claim is in our words (our
     summary or paraphrase of the work) rather than the work's own: the paper itself is not at
-    hand, so docs/PAPER.md, which the paper claims quote, is our summary "in our words".
+    hand, so docs/PAPER.md, which the paper's claims read, is our summary "in our words".
     ``test`` is what the measurement tests where the claim does not state it (a quoted sentence
     carries no threshold); ``figures`` the measured numbers that decide it, by name; ``reason``
     those numbers in words, as the summaries print them."""
@@ -39,6 +40,7 @@ class Claim:
     reason: str
     figures: Mapping[str, float] = field(default_factory=dict, hash=False)
     test: str = ""
+    quote: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:

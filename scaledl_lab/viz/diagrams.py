@@ -62,8 +62,10 @@ def pipeline_diagram(stages: int, replicas: int = 1, layers: list[int] | None = 
 
 def tensor_parallel_diagram(degree: int, ax=None):
     """One MLP block split over ``degree`` workers: each holds a column slice of the first
-    Linear and the matching row slice of the second; one allreduce sums their partial outputs
-    (forward) and one sums the partial input gradients (backward)."""
+    Linear and the matching row slice of the second; an allreduce (Megatron's g) sums their
+    partial outputs in the forward pass. Its backward twin (f) sums the partial gradients of
+    the block's input, which carries data only when that input needs a gradient: not when the
+    block reads the data, as the lab's MLP does, so there one allreduce per step moves data."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.9 * degree + 1.0))
     for k in range(degree):
@@ -77,7 +79,11 @@ def tensor_parallel_diagram(degree: int, ax=None):
     ax.text(-1.3, 0.55, "x (every rank)", fontsize=8)
     ax.set(xlim=(-1.5, 6.5), ylim=(-1.0 * degree + 0.3, 0.9))
     ax.set_axis_off()
-    ax.set_title(f"tensor parallelism, degree {degree}: one allreduce forward, one backward")
+    ax.set_title(
+        f"tensor parallelism, degree {degree}: forward, g allreduces the partial outputs;\n"
+        "backward, f allreduces the input's gradient (nothing to send when x is the data)",
+        fontsize="medium",
+    )
     return ax
 
 

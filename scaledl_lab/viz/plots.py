@@ -7,6 +7,7 @@ against epochs and time, throughput, and bytes sent per worker per step.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -46,14 +47,52 @@ def _runs(frame: pd.DataFrame) -> list[str]:
     return list(pd.unique(frame["run"]))
 
 
-LINE_STYLES = ("-", "--", ":", "-.")
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
+SEED = re.compile(r" · seed (\d+)$")  # runs that differ only in their seed: one legend entry
+LEGEND_INSIDE = 6  # at most this many legend entries inside the axes; more go beside them
 
 
 def method_of(run: str) -> tuple[str, str]:
     """(method, variant) of a run named "method · variant …": "nnt-torus · sim · 16w" is
-    method "nnt-torus", variant "sim · 16w"; a name without " · " is its own method."""
-    method, _, variant = str(run).partition(" · ")
+    method "nnt-torus", variant "sim · 16w"; a name without " · " is its own method. A seed
+    suffix (" · seed N") is not part of the variant: the seeds of a run look alike."""
+    method, _, variant = SEED.sub("", str(run)).partition(" · ")
     return method, variant
+
+
+def legend_labels(runs: list[str]) -> dict[str, str | None]:
+    """The legend entry of each run: runs that differ only in their seed share one entry
+    ("allreduce · sim (seeds 0, 1, 2)", on the first of them; None for the others)."""
+    seeds: dict[str, list[str]] = {}
+    for run in map(str, runs):
+        match = SEED.search(run)
+        seeds.setdefault(SEED.sub("", run), []).append(match.group(1) if match else "")
+    out: dict[str, str | None] = {}
+    for run in map(str, runs):
+        base = SEED.sub("", run)
+        numbers = [n for n in seeds.pop(base, []) if n]  # only the first run finds its base
+        if base not in seeds and not numbers and run != base:
+            out[run] = None  # a later seed of a run already labelled
+        elif len(numbers) > 1:
+            out[run] = f"{base} (seeds {', '.join(numbers)})"
+        else:
+            out[run] = run
+    return out
+
+
+def place_legend(ax: Axes, where: str = "auto") -> None:
+    """The axes' legend: inside ("best") when it has at most :data:`LEGEND_INSIDE` entries,
+    else beside the axes on the right, so that it covers no curve ("inside"/"outside" force
+    one; "none" draws none). Constrained layout and ``bbox_inches="tight"`` make room for it."""
+    _choice(where, ("auto", "inside", "outside", "none"), "legend placement")
+    entries = len(ax.get_legend_handles_labels()[1])
+    if where == "none" or entries == 0:
+        return
+    if where == "inside" or (where == "auto" and entries <= LEGEND_INSIDE):
+        ax.legend(fontsize="small")
+    else:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  borderaxespad=0.0, handlelength=3.0)  # fmt: skip
 
 
 def line_styles(frame: pd.DataFrame) -> dict[str, tuple[str, str]]:
@@ -115,12 +154,15 @@ def plot_curves(
     ax: Axes | None = None,
     title: str | None = None,
     styles: dict[str, tuple[str, str]] | None = None,
+    legend: str = "auto",
 ) -> Figure:
     """One line per run of `metric` against `x` for the `kind` rows (train, val or test).
 
     When several ranks evaluated the same run at the same epoch, the line is their mean and a
     shaded band spans their min and max. Colours and line styles: :func:`line_styles` of
-    `frame` (or `styles`, to share them between figures of different frames).
+    `frame` (or `styles`, to share them between figures of different frames); runs that differ
+    only in their seed share one legend entry (:func:`legend_labels`), placed as
+    :func:`place_legend` says of `legend`.
     """
     _choice(metric, METRICS, "metric")
     _choice(x, X_AXES, "x")
@@ -131,6 +173,7 @@ def plot_curves(
         raise ValueError(f"no rows with kind={kind!r} in the metrics frame")
     fig, ax = _new_axes(ax)
     styles = styles or line_styles(frame)
+    labels = legend_labels(_runs(rows))
     for run in _runs(rows):
         run_rows = rows[rows["run"] == run]
         colour, style = styles[run]
@@ -141,12 +184,13 @@ def plot_curves(
             if (curve["n"] > 1).any():
                 ax.fill_between(curve["x"], curve["lo"], curve["hi"], color=colour, alpha=0.2)
         marker = "o" if kind != "train" and len(curve) <= 30 else None
-        ax.plot(curve["x"], curve["y"], label=str(run), color=colour, ls=style, marker=marker, ms=3)
+        label = labels[run] or "_" + str(run)  # a leading underscore: no legend entry
+        ax.plot(curve["x"], curve["y"], label=label, color=colour, ls=style, marker=marker, ms=3)
     ax.set_xlabel(_X_LABELS[x])
     ax.set_ylabel(f"{kind} {metric}")
     ax.set_title(title if title is not None else f"{kind} {metric} vs {_X_LABELS[x]}")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    place_legend(ax, legend)
     return fig
 
 
@@ -294,15 +338,18 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_standard_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write the standard figures as PNGs into `out_dir` and return their paths.
+def _runtime_words(runtime: str) -> str:
+    return {"sim": "simulated workers", "dask": "real Dask workers"}.get(runtime, runtime)
+
+
+def standard_figures(frame: pd.DataFrame) -> list[tuple[str, Figure]]:
+    """The standard figures of `frame`, by file name: accuracy and loss against epoch and time,
+    and the throughput.
 
     Curves use the test split, or the validation split when there are no test rows (or the
     smoothed training curves when there is neither).
     """
     _require(frame, ["run", "kind"])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     kinds = set(frame["kind"])
     kind = "test" if "test" in kinds else "val" if "val" in kinds else "train"
     figures: list[tuple[str, Figure]] = []
@@ -310,23 +357,34 @@ def save_standard_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     runtimes = list(dict.fromkeys(frame["runtime"].dropna())) if "runtime" in frame else []
     for x in ("epoch", "time"):
         for metric in ("accuracy", "loss"):
-            if x == "time" and len(runtimes) > 1:
-                # Wall-clock and virtual time do not share an axis: one panel per runtime.
-                fig = Figure(figsize=(6.4 * len(runtimes), 4.2), layout="constrained")
-                for ax, runtime in zip(fig.subplots(1, len(runtimes)), runtimes, strict=True):
+            if len(runtimes) > 1:
+                # Wall-clock and virtual time do not share an axis, and real and simulated runs
+                # differ in scale: one panel per runtime (stacked, each legend beside its panel).
+                fig = Figure(figsize=(9.6, 4.2 * len(runtimes)), layout="constrained")
+                for ax, runtime in zip(fig.subplots(len(runtimes), 1), runtimes, strict=True):
                     part = frame[frame["runtime"] == runtime]
                     clock = "virtual" if runtime == "sim" else "wall-clock"
-                    title = f"{kind} {metric} vs {clock} time ({runtime})"
+                    axis = f"{clock} time" if x == "time" else "epoch"
+                    title = f"{kind} {metric} vs {axis} ({runtime}: {_runtime_words(runtime)})"
                     plot_curves(part, metric=metric, x=x, kind=kind, ax=ax, title=title,
-                                styles=styles)  # fmt: skip
+                                styles=styles, legend="outside")  # fmt: skip
             else:
                 fig = plot_curves(frame, metric=metric, x=x, kind=kind, styles=styles)
             figures.append((f"{metric}_vs_{x}.png", fig))
     figures.append(("throughput.png", plot_throughput(frame)))
+    return figures
+
+
+def save_standard_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write :func:`standard_figures` as PNGs into `out_dir` and return their paths (each
+    cropped to what it draws, its legends included)."""
+    _require(frame, ["run", "kind"])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, fig in figures:
+    for name, fig in standard_figures(frame):
         path = out / name
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
         # Bare Figures are not tracked by pyplot; clearing frees their artists right away.
         fig.clear()
         paths.append(path)

@@ -5,7 +5,8 @@ works the survey cites, accuracy against epochs and against bytes sent, and the 
 Claims: Seide et al. 2014 (1-bit SGD with error feedback loses no accuracy), Lin et al. 2018
 (DGC: top-k at 270-600x with no loss), Stich et al. 2018 / Karimireddy et al. 2019 (without
 error feedback a sparsifier is measurably worse), Vogels et al. 2019 (PowerSGD rank 2 matches
-the uncompressed run; here beside torch's own hook). Each claim, in our words, is decided into a
+the uncompressed run; here beside torch's own hook too), Alistarh et al. 2017 (QSGD, unbiased,
+converges without error feedback). Each claim, in our words, is decided into a
 :class:`~scaledl_lab.studies.verdict.Claim` (:func:`verdicts`); :func:`sentence` renders it.
 """
 
@@ -30,12 +31,14 @@ WITHIN = 0.01  # "within 1 point"
 WORSE_POINTS = 0.5  # "measurably worse": more than this many points below
 # Who claims it for each compressor with error feedback; without it, for every compressor.
 EF_SOURCE = {"topk:0.004": "Stich et al. 2018", "onebit": "Seide et al. 2014",
-             "dgc:0.001": "Lin et al. 2018"}  # fmt: skip
+             "dgc:0.001": "Lin et al. 2018", "powersgd:2": "Vogels et al. 2019"}  # fmt: skip
+UNBIASED_SOURCE = {"qsgd:4": "Alistarh et al. 2017"}  # unbiased: no error feedback needed
 NO_EF_SOURCE = "Stich et al. 2018; Karimireddy et al. 2019"
 # What a verdict says in the words of the summary, for claims with and without error feedback.
 WORDS = {
     "EF": {"supported": "within 1 point", "not supported": "not within 1 point"},
     "no EF": {"supported": "measurably worse", "not supported": "not worse"},
+    "unbiased": {"supported": "within 1 point", "not supported": "not within 1 point"},
 }
 
 
@@ -115,15 +118,40 @@ def _no_ef_claim(compress: str, who: str, ef: pd.Series, no_ef: pd.Series) -> Cl
                  figures={"points_below_ef": gap, "diverged_after_epoch": epoch})  # fmt: skip
 
 
+def _unbiased_claim(compress: str, who: str, row: pd.Series) -> Claim:
+    """An unbiased compressor needs no error feedback: without it, within 1 point."""
+    points = row["points_vs_none"]
+    if math.isnan(row["test_accuracy"]):
+        epoch = row["diverged_after_epoch"]
+        held, reason = False, f"{who} without error feedback diverged after epoch {epoch:g}"
+    else:
+        held = points >= -100 * WITHIN
+        reason = (
+            f"{who} (unbiased) at ×{row['compression_ratio']:.0f} without error feedback: "
+            f"{points:+.2f} points against uncompressed"
+        )
+    claim = (
+        f"{who} is unbiased and converges without error feedback: within 1 point of uncompressed"
+    )
+    figures = {"compression_ratio": row["compression_ratio"], "points_vs_none": points,
+               "test_accuracy": row["test_accuracy"]}  # fmt: skip
+    return Claim(key=f"{compress} · unbiased", claim=claim, source=UNBIASED_SOURCE[compress],
+                 in_our_words=True, verdict=mark(held), reason=reason, figures=figures)  # fmt: skip
+
+
 def verdicts(table: pd.DataFrame) -> list[Claim]:
     """The claims against the measured table, numbers from the table."""
     out = []
-    for compress, who in (("topk:0.004", "top-k"), ("onebit", "1-bit"), ("dgc:0.001", "DGC")):
+    for compress, who in (("topk:0.004", "top-k"), ("onebit", "1-bit"), ("dgc:0.001", "DGC"),
+                          ("powersgd:2", "PowerSGD rank 2")):  # fmt: skip
         ef, no_ef = _row(table, compress, True), _row(table, compress, False)
         if ef is not None:
             out.append(_ef_claim(compress, who, ef))
             if no_ef is not None:
                 out.append(_no_ef_claim(compress, who, ef, no_ef))
+    for compress, who in (("qsgd:4", "QSGD with 4 levels"),):
+        if (no_ef := _row(table, compress, False)) is not None:
+            out.append(_unbiased_claim(compress, who, no_ef))
     return out
 
 

@@ -1,6 +1,6 @@
 """The low-communication study: synchronous SGD against DiLoCo for growing H, DiLoCo's outer
 Nesterov against plain averaging (FedAvg) at one H, and Streaming DiLoCo, on a simulated
-cross-data-centre link (the ``wan`` profile), with seed spreads; the verdicts on issue 26's
+cross-data-centre link (the ``wan`` profile), with seed spreads; the verdicts on the lab's
 claims as :class:`~scaledl_lab.studies.verdict.Claim` records.
 
 The setting: 8 simulated workers, Fashion-MNIST (55,000 training samples, one epoch), the MLP,
@@ -30,7 +30,7 @@ FEDAVG_H = 50  # the H at which outer Nesterov meets plain averaging
 STREAMING = dict(fragments=3, overlap_steps=5)  # the MLP's three layers, τ = 5 steps
 TOLERANCE = 0.01  # "within 1 point"
 QUICK = dict(train_subset=4000, val_size=500, test_subset=2000)
-SOURCE = "issue 26 (Douillard et al. 2023, 2025), in our words"
+SOURCE = "the lab's summary of Douillard et al. 2023, 2025, in our words"
 
 
 def base_config(is_quick: bool = False) -> ExperimentConfig:

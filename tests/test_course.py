@@ -1,0 +1,182 @@
+"""The course's notebooks keep their own template: every exercise answers through
+``viz.exercises.check`` on a prediction the student writes, sections and exercises are numbered
+once each and in order, every lab points at its solutions, and the numbers a solution quotes are
+numbers the notebook printed (or the committed results it reads)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+LABS = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("01_"))
+SECTION = re.compile(r"^##\s+(\d+)\s*[.·]", re.M)
+EXERCISE = re.compile(r"^#{2,3}\s+(?:\d+\s*[.·]\s*)?Exercise\s+(\d+)", re.M)
+HEADING = re.compile(r"^#{2,3}\s", re.M)
+CHECKED = re.compile(r"\bcheck\(\s*(prediction\w*)")
+NUMBER = re.compile(r"(?<![\d.])-?\d+\.\d+(?![\d.])")
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def _exercises(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(number, heading cell's text, the code cells up to the next heading) of each exercise."""
+    cells, out = _cells(path), []
+    for i, cell in enumerate(cells):
+        text = _source(cell)
+        if cell["cell_type"] != "markdown" or not (match := EXERCISE.search(text)):
+            continue
+        code = []
+        for later in cells[i + 1 :]:
+            if later["cell_type"] == "markdown" and HEADING.search(_source(later)):
+                break
+            if later["cell_type"] == "code":
+                code.append(_source(later))
+        out.append((int(match.group(1)), text, code))
+    return out
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_every_exercise_checks_a_prediction_the_student_writes(path):
+    exercises = _exercises(path)
+    assert exercises, f"{path.name} has no exercise"
+    for number, _, code in exercises:
+        joined = "\n".join(code)
+        checked = set(CHECKED.findall(joined))
+        assert checked, f"{path.name}, exercise {number}: no check(prediction…) call"
+        # Names assigned at the start of a line, alone or as a tuple: what the student writes.
+        written = {name for line in re.findall(r"^((?:prediction\w*\s*,\s*)*prediction\w*)\s*=",
+                                                joined, re.M)
+                   for name in re.split(r"\s*,\s*", line)}  # fmt: skip
+        assert checked <= written, f"{path.name}, exercise {number}: {checked - written} unwritten"
+        assert written <= checked, (
+            f"{path.name}, exercise {number}: {sorted(written - checked)} never reach check()"
+        )
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_sections_and_exercises_are_numbered_once_and_in_order(path):
+    markdown = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    sections = [int(n) for n in SECTION.findall(markdown)]
+    assert len(sections) == len(set(sections)), f"{path.name}: sections {sections}"
+    assert sections == sorted(sections), f"{path.name}: sections {sections}"
+    exercises = [number for number, _, _ in _exercises(path)]
+    assert exercises == list(range(1, len(exercises) + 1)), f"{path.name}: exercises {exercises}"
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_every_lab_names_its_solutions_file_and_the_file_exists(path):
+    solution = NOTEBOOKS / "solutions" / f"{path.stem}.md"
+    assert solution.is_file(), solution
+    markdown = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    assert f"solutions/{path.stem}.md" in markdown, f"{path.name} does not point at {solution.name}"
+
+
+def _printed(path: Path) -> str:
+    """What the notebook printed (streams, text and markdown outputs)."""
+    parts = []
+    for cell in _cells(path):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append("".join(out["text"]))
+            for kind in ("text/plain", "text/markdown"):
+                if kind in out.get("data", {}):
+                    parts.append("".join(out["data"][kind]))
+    return "\n".join(parts)
+
+
+def _committed(path: Path) -> list[float]:
+    """The numbers of the committed results folders the notebook reads (their summaries and
+    small tables)."""
+    text = "\n".join(_source(c) for c in _cells(path))
+    folders = [d for d in (ROOT / "results").iterdir() if d.is_dir() and f'"{d.name}"' in text]
+    files = [p for d in folders for p in d.rglob("*") if p.suffix in {".md", ".csv", ".json"}]
+    found = "\n".join(p.read_text(errors="ignore") for p in files if p.stat().st_size < 200_000)
+    return [float(x) for x in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", found)]
+
+
+def _known(value: str, candidates: list[float]) -> bool:
+    """``value`` (as a solution writes it) is one of ``candidates`` at the solution's precision,
+    as a number or as a percentage of a fraction."""
+    places = len(value.split(".")[1])
+    target = float(value)
+    tol = 0.5 * 10**-places + 1e-9
+    return any(abs(x - target) <= tol or abs(100 * x - target) <= tol for x in candidates)
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_the_numbers_a_solution_quotes_are_the_notebooks_outputs(path):
+    """A number with a decimal point in the solution file appears in what the notebook printed,
+    in the committed results, or in the notebook's code (a parameter it sets): never typed by
+    hand beside them."""
+    solution = (NOTEBOOKS / "solutions" / f"{path.stem}.md").read_text()
+    cells = _cells(path)
+    code = "\n".join(_source(c) for c in cells if c["cell_type"] == "code")
+    local = [float(x) for x in NUMBER.findall(_printed(path) + "\n" + code)]
+    candidates = local + _committed(path)
+    unknown = [v for v in NUMBER.findall(solution) if not _known(v, candidates)]
+    assert not unknown, f"{path.name}'s solution quotes numbers no output shows: {unknown}"
+
+
+def test_the_number_matcher_reads_precision_and_percentages():
+    assert _known("7.5", [7.4712]) and _known("86.53", [0.8653]) and _known("0.158", [0.1577])
+    assert not _known("11.4", [7.47, 0.114 + 0.01]) and not math.isnan(float("7.5"))
+
+
+# -- the library's figures: every legend inside its figure, none on an axes' title -------------
+
+
+def _legends_inside(fig) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    assert legends, "no legend drawn"
+    box = fig.bbox
+    for legend in legends:
+        extent = legend.get_window_extent(renderer)
+        assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, (extent, box)
+        assert box.y0 - 1 <= extent.y0 and extent.y1 <= box.y1 + 1, (extent, box)
+        for ax in fig.axes:
+            if ax.get_title():
+                assert not extent.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
+
+
+@pytest.mark.parametrize("name", ["gap", "warmup", "smith", "sharpness"])
+def test_the_large_batch_figures_keep_their_legends_inside(name):
+    from scaledl_lab.strategies.large_batch.study import load_study
+
+    _legends_inside(load_study(ROOT / "results" / "large-batch").figure(name))
+
+
+@pytest.mark.parametrize("x", ["epoch", "time"])
+def test_the_long_comparisons_seed_bands_keep_their_legend_inside(x):
+    import pandas as pd
+
+    from scaledl_lab.studies.long_run import seed_bands
+
+    frame = pd.read_csv(ROOT / "results" / "reproduce-long" / "curves.csv")
+    _legends_inside(seed_bands(frame, x=x))
+
+
+def test_the_committed_comparisons_standard_figures_keep_their_legends_inside():
+    import pandas as pd
+
+    from scaledl_lab.viz.plots import standard_figures
+
+    frame = pd.read_parquet(ROOT / "results" / "reproduce-quick" / "metrics.parquet")
+    for name, fig in standard_figures(frame):
+        if name != "throughput.png":  # a bar chart: no legend
+            _legends_inside(fig)
