@@ -45,3 +45,25 @@ def benchmark_module(name: str) -> Iterator[ModuleType]:
         yield module
     finally:
         del sys.modules[spec.name]
+
+
+def zero_formula(
+    strategy: str, sizes: list[int], n: int, k: int, element: int
+) -> tuple[int, int, int]:
+    """(params, grads, optimiser) bytes per worker, ZeRO's Table 1 with ``element``-byte
+    parameters and gradients and K bytes of optimiser state each (float32: 4; mixed precision:
+    2, the float32 master weights in K). Data parallelism: (2e + K)Ψ; stage 1: 2eΨ + KΨ/N; stage
+    2: eΨ + (e + K)Ψ/N; stage 3: (2e + K)Ψ/N; here Ψ is padded layer by layer to a multiple of N
+    (the flat units), and Ψ/N is each layer's chunk, ⌈Ψ_layer/N⌉, summed."""
+    from scaledl_lab.runtime.base import shard_numel
+
+    psi = sum(sizes)
+    padded = sum(n * shard_numel(s, n) for s in sizes)
+    shard = padded // n
+    if strategy == "allreduce":
+        return element * psi, element * psi, k * psi
+    if strategy == "zero1":
+        return element * padded, element * padded, k * shard
+    if strategy == "zero2":
+        return element * padded, element * shard, k * shard
+    return element * shard, element * shard, k * shard

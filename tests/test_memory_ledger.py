@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from common import SMALL
+from common import SMALL, zero_formula
 from torch.profiler import ProfilerActivity, profile
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
 from scaledl_lab.cli import main
 from scaledl_lab.models import build_model
-from scaledl_lab.runtime.base import shard_numel
 from scaledl_lab.strategies.memory.plan import plan
 from scaledl_lab.strategies.memory.transformer import Transformer
 from scaledl_lab.training.ledger import SavedTensors
@@ -52,24 +51,6 @@ def _layer_sizes(cfg: ExperimentConfig) -> list[int]:
 K_BYTES = {"adam": 8, "sgd": 4}
 
 
-def _zero_formula(strategy: str, sizes: list[int], n: int, k: int) -> tuple[int, int, int]:
-    """(params, grads, optimiser) bytes per worker, ZeRO's Table 1 for float32 training:
-    Ψ parameters of 4 bytes, their 4-byte gradients and K bytes of state each. Data
-    parallelism: 4Ψ + 4Ψ + KΨ. Stage 1: 4Ψ + 4Ψ + KΨ/N; stage 2: 4Ψ + (4 + K)Ψ/N; stage 3:
-    (4 + 4 + K)Ψ/N; here Ψ is padded layer by layer to a multiple of N (the flat units), and
-    Ψ/N is each layer's chunk, ⌈Ψ_layer/N⌉, summed."""
-    psi = sum(sizes)
-    padded = sum(n * shard_numel(s, n) for s in sizes)
-    shard = padded // n
-    if strategy == "allreduce":
-        return 4 * psi, 4 * psi, k * psi
-    if strategy == "zero1":
-        return 4 * padded, 4 * padded, k * shard
-    if strategy == "zero2":
-        return 4 * padded, 4 * shard, k * shard
-    return 4 * shard, 4 * shard, k * shard
-
-
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("workers", [2, 4, 8])
 def test_model_states_equal_the_zero_formulas(workers, optimizer):
@@ -78,7 +59,7 @@ def test_model_states_equal_the_zero_formulas(workers, optimizer):
     for strategy in STAGES:
         cfg = _cfg(strategy, workers=workers, **extra)
         ledger = _last_ledger(run(cfg, progress=False))
-        expected = _zero_formula(strategy, _layer_sizes(cfg), workers, K_BYTES[optimizer])
+        expected = zero_formula(strategy, _layer_sizes(cfg), workers, K_BYTES[optimizer], 4)
         for column, value in zip(MEM[:3], expected, strict=True):
             assert ledger[column] == [value] * workers, (strategy, column)
         states[strategy] = sum(expected)

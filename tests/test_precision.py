@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from common import SMALL, max_diff
+from common import SMALL, max_diff, zero_formula
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
 from scaledl_lab.cli import _config_from_args, _parser, main
 from scaledl_lab.data import epoch_batches, shard_indices
 from scaledl_lab.models import build_model
-from scaledl_lab.runtime.base import shard_numel
 from scaledl_lab.runtime.collectives import ring_allreduce_bytes
 from scaledl_lab.strategies.memory.plan import plan
 from scaledl_lab.training import precision, precision_checks
@@ -61,23 +60,6 @@ def _layer_sizes(cfg: ExperimentConfig) -> list[int]:
 K16 = {"adam": 4 + 8, "sgd": 4 + 4}
 
 
-def _zero_formula(strategy: str, sizes: list[int], n: int, k: int) -> tuple[int, int, int]:
-    """(params, grads, optimiser) bytes per worker, ZeRO's Table 1 for mixed precision: 2-byte
-    parameters and gradients, K bytes of float32 state. Data parallelism (2 + 2 + K)Ψ; stage 1
-    4Ψ + KΨ/N; stage 2 2Ψ + (2 + K)Ψ/N; stage 3 (2 + 2 + K)Ψ/N (Ψ padded layer by layer to a
-    multiple of N, Ψ/N each layer's chunk summed, as the flat units shard)."""
-    psi = sum(sizes)
-    padded = sum(n * shard_numel(s, n) for s in sizes)
-    shard = padded // n
-    if strategy == "allreduce":
-        return 2 * psi, 2 * psi, k * psi
-    if strategy == "zero1":
-        return 2 * padded, 2 * padded, k * shard
-    if strategy == "zero2":
-        return 2 * padded, 2 * shard, k * shard
-    return 2 * shard, 2 * shard, k * shard
-
-
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("workers", [2, 4, 8])
 def test_model_states_equal_zeros_mixed_precision_formulas(workers, optimizer):
@@ -86,7 +68,7 @@ def test_model_states_equal_zeros_mixed_precision_formulas(workers, optimizer):
     for strategy in STAGES:
         cfg = _cfg(strategy, workers=workers, **extra)
         last = _train(run(cfg, progress=False)).query(f"step == {cfg.max_steps}")
-        expected = _zero_formula(strategy, _layer_sizes(cfg), workers, K16[optimizer])
+        expected = zero_formula(strategy, _layer_sizes(cfg), workers, K16[optimizer], 2)
         for column, value in zip(MEM[:3], expected, strict=True):
             assert last[column].tolist() == [value] * workers, (strategy, column)
         states[strategy] = sum(expected)

@@ -35,49 +35,8 @@ ACC_POINTS = 2.0  # "reaches the accuracy": the best worker within this many poi
 TRAFFIC_TOLERANCE = 0.05
 RATE_KEPT = 0.9  # "not coupled": the other workers keep this fraction of their step rate
 
-# Each claim the paper makes, as we read it (our words), and the sentence of docs/PAPER.md (our
-# summary of the paper, also in our words) that it reads, verbatim (its line breaks read as
-# spaces), by the key :func:`verdicts` files the claim's verdict under.
-SOURCE = "docs/PAPER.md"
-DIAGNOSIS = (
-    "These limit scaling, couple every worker to the slowest one, and force huge effective batches."
-)
-CLAIMS: dict[str, tuple[str, str]] = {
-    "accuracy": (
-        "NNT trains as accurately as synchronous SGD at equal epochs: its workers keep their own "
-        "batch where a global pattern's effective batch grows with the workers",
-        DIAGNOSIS,
-    ),
-    "traffic": (
-        "NNT's communication per worker stays constant as the cluster grows, and stays between "
-        "neighbours: no step needs a global collective",
-        "Communication per worker stays constant as the cluster grows",
-    ),
-    "time": (
-        "Without a global communication pattern NNT scales better: it trains faster per epoch "
-        "than allreduce or a parameter server",
-        DIAGNOSIS,
-    ),
-    "straggler": (
-        "A global pattern couples every worker to the slowest one; NNT's workers do not wait "
-        "for a slow one",
-        DIAGNOSIS,
-    ),
-    "straggler run": (
-        "A straggler therefore slows an NNT run less than a synchronous one",
-        DIAGNOSIS,
-    ),
-    "staleness": (
-        "Asynchronous SGD pays for stale gradients in accuracy",
-        "staleness slows or destabilises convergence unless compensated (staleness-aware LR, "
-        "delay compensation)",
-    ),
-    "topology": (
-        "Information diffuses over the whole topology within a few steps, so a topology of "
-        "smaller diameter keeps NNT's workers closer together",
-        "information still diffuses across the whole topology over a few steps",
-    ),
-}
+from .paper_claims import CLAIMS, SOURCE  # noqa: E402  (the claims' words)
+
 QUOTES: dict[str, str] = {key: quote for key, (_, quote) in CLAIMS.items()}
 
 
