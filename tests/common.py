@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -67,3 +68,17 @@ def zero_formula(
     if strategy == "zero2":
         return element * padded, element * shard, k * shard
     return element * shard, element * shard, k * shard
+
+
+def layer_sizes(cfg: Any) -> list[int]:
+    """Parameters of each layer that has any (the units ZeRO shards), in order."""
+    from scaledl_lab.models import build_model
+    from scaledl_lab.training.worker import load_for
+
+    data = load_for(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+    sizes: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        layer = name.rsplit(".", 1)[0]
+        sizes[layer] = sizes.get(layer, 0) + p.numel()
+    return list(sizes.values())

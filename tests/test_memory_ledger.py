@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from common import SMALL, zero_formula
+from common import SMALL, layer_sizes, zero_formula
 from torch.profiler import ProfilerActivity, profile
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
@@ -19,7 +19,6 @@ from scaledl_lab.models import build_model
 from scaledl_lab.strategies.memory.plan import plan
 from scaledl_lab.strategies.memory.transformer import Transformer
 from scaledl_lab.training.ledger import SavedTensors
-from scaledl_lab.training.worker import load_for
 
 MEM = ["mem_params", "mem_grads", "mem_optim", "mem_activations", "mem_buffers"]
 STAGES = ("allreduce", "zero1", "zero2", "zero3")
@@ -36,17 +35,6 @@ def _last_ledger(res) -> dict[str, list[float]]:
     return {c: last[c].tolist() for c in MEM}
 
 
-def _layer_sizes(cfg: ExperimentConfig) -> list[int]:
-    """Parameters of each layer that has any (the units ZeRO shards), in order."""
-    data = load_for(cfg)
-    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    sizes: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        layer = name.rsplit(".", 1)[0]
-        sizes[layer] = sizes.get(layer, 0) + p.numel()
-    return list(sizes.values())
-
-
 # Bytes of optimiser state per parameter in float32: Adam's two moments, SGD's momentum.
 K_BYTES = {"adam": 8, "sgd": 4}
 
@@ -59,13 +47,13 @@ def test_model_states_equal_the_zero_formulas(workers, optimizer):
     for strategy in STAGES:
         cfg = _cfg(strategy, workers=workers, **extra)
         ledger = _last_ledger(run(cfg, progress=False))
-        expected = zero_formula(strategy, _layer_sizes(cfg), workers, K_BYTES[optimizer], 4)
+        expected = zero_formula(strategy, layer_sizes(cfg), workers, K_BYTES[optimizer], 4)
         for column, value in zip(MEM[:3], expected, strict=True):
             assert ledger[column] == [value] * workers, (strategy, column)
         states[strategy] = sum(expected)
     # The saving, as ZeRO's factors say: stage 3 holds 1/N of data parallelism's model states
     # (up to the padding), and every stage holds less than the one before.
-    psi = sum(_layer_sizes(_cfg("allreduce")))
+    psi = sum(layer_sizes(_cfg("allreduce")))
     assert states["zero3"] / states["allreduce"] == pytest.approx(1 / workers, rel=workers / psi)
     assert states["allreduce"] > states["zero1"] > states["zero2"] > states["zero3"]
     k = K_BYTES[optimizer]

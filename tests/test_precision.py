@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from common import SMALL, max_diff, zero_formula
+from common import SMALL, layer_sizes, max_diff, zero_formula
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
 from scaledl_lab.cli import _config_from_args, _parser, main
@@ -44,17 +44,6 @@ def _train(res, rank: int | None = None):
 # -- ZeRO's model states in 16 bits: (2 + 2 + K)Ψ, K = 4 (master) + the optimiser's ------------
 
 
-def _layer_sizes(cfg: ExperimentConfig) -> list[int]:
-    """Parameters of each layer that has any (the units ZeRO shards), in order."""
-    data = load_for(cfg)
-    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    sizes: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        layer = name.rsplit(".", 1)[0]
-        sizes[layer] = sizes.get(layer, 0) + p.numel()
-    return list(sizes.values())
-
-
 # K of the mixed-precision accounting: the float32 master copy (4) and the optimiser's float32
 # state, Adam's two moments (8) or SGD's momentum (4). ZeRO's Adam: K = 12.
 K16 = {"adam": 4 + 8, "sgd": 4 + 4}
@@ -68,7 +57,7 @@ def test_model_states_equal_zeros_mixed_precision_formulas(workers, optimizer):
     for strategy in STAGES:
         cfg = _cfg(strategy, workers=workers, **extra)
         last = _train(run(cfg, progress=False)).query(f"step == {cfg.max_steps}")
-        expected = zero_formula(strategy, _layer_sizes(cfg), workers, K16[optimizer], 2)
+        expected = zero_formula(strategy, layer_sizes(cfg), workers, K16[optimizer], 2)
         for column, value in zip(MEM[:3], expected, strict=True):
             assert last[column].tolist() == [value] * workers, (strategy, column)
         states[strategy] = sum(expected)
@@ -129,7 +118,7 @@ def test_plan_command_shows_the_16_bit_states(capsys):
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
     expected = plan(_cfg("zero3", workers=8, batch_size=64, **ADAM))
-    psi = sum(_layer_sizes(_cfg()))
+    psi = sum(layer_sizes(_cfg()))
     assert expected.memory.model_states == pytest.approx(16 * psi / 8, rel=1e-3)
     assert f"model states {expected.memory.model_states / 1e6:.3f} MB" in out
     assert "bfloat16" in out
