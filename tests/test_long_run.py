@@ -8,8 +8,9 @@ import math
 import pandas as pd
 import pytest
 
+from scaledl_lab import ExperimentConfig
 from scaledl_lab.experiment import compare
-from scaledl_lab.studies import claims, long_run, side_by_side
+from scaledl_lab.studies import claims, long_run, reproduce, side_by_side
 from scaledl_lab.studies.reproduce import LR_GRID, Setting
 
 
@@ -181,3 +182,26 @@ def test_a_report_is_rewritten_from_a_finished_run_without_repeating_it(tmp_path
     again = (tmp_path / "again" / "summary.md").read_text()
     assert again == (tmp_path / "runs" / "summary.md").read_text()
     assert (tmp_path / "again" / "tuning.csv").is_file()
+
+
+def test_replicas_in_memory_at_once_are_bounded():
+    """A 64-worker run never starts beside a 16-worker one, nor beside another 64; any run may
+    run alone; among those that fit, the costliest waiting one starts."""
+    sixteen = ExperimentConfig(runtime="sim", workers=16)
+    configs = [sixteen.replace(workers=n) for n in (64, 64, 16, 4)]
+    assert side_by_side.REPLICAS_AT_ONCE < 64 + 16
+    assert side_by_side._next([0, 1, 2, 3], [], configs) == 0  # alone: the first waiting
+    assert side_by_side._next([1, 2, 3], [configs[0]], configs) == 3  # only the 4 fits
+    assert side_by_side._next([0, 1, 3], [configs[2]], configs) == 3
+    assert side_by_side._next([0, 1], [configs[2]], configs) is None  # wait for the 16 to end
+    assert side_by_side._next([2, 3], [configs[2]], configs) == 2  # two 16s side by side
+
+
+def test_a_run_costs_its_worker_steps():
+    """The traffic sweep's two-step runs are cheap, though they have 64 workers: they come last."""
+    runs = reproduce.paper_configs(True) + reproduce.traffic_configs(True)
+    runs = [c for c in runs if c.runtime == "sim"]
+    order = sorted(runs, key=lambda c: -side_by_side._cost(c))
+    first_traffic = next(i for i, c in enumerate(order) if c.name.startswith("traffic"))
+    assert all(c.name.startswith("traffic") for c in order[first_traffic:])
+    assert order[0].stragglers  # an NNT run with a straggler leads

@@ -21,6 +21,7 @@ from .base import (
     download,
     verify_sha256,
 )
+from .shared import shared_split
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist1d", "cifar10", "licenses")
 _ALIASES = {
@@ -217,9 +218,10 @@ def _split(
 
     def take(x: np.ndarray, y: np.ndarray, idx: torch.Tensor) -> Dataset:
         # Sorted, so a split keeps the files' order; cut from the stored (e.g. uint8) arrays so
-        # only the kept samples are converted to float.
+        # only the kept samples are converted to float; a large split is one file that every
+        # process maps (:mod:`.shared`).
         i = idx.sort().values.numpy()
-        return to_dataset(x[i], y[i])
+        return shared_split(name, x[i], y[i], to_dataset)
 
     return DataSplits(
         train=take(raw.x_train, raw.y_train, train_idx),

@@ -188,8 +188,11 @@ def traffic_configs(is_quick: bool, setting: Setting | None = None) -> list[Expe
     ``scaling.TRAFFIC_WORKERS`` worker counts, two steps each.
 
     Bytes per step depend on the model's size, not on its accuracy; the sweep uses the MLP on the
-    comparison's data, so that 64 simulated replicas stay small in full mode too."""
-    base = _base(setting or (QUICK if is_quick else FULL)).replace(model="mlp")
+    comparison's data, so that 64 simulated replicas stay small in full mode too, and plain SGD,
+    whose replicas keep no optimiser state (64 replicas' Adam moments: 0.34 GB that no byte
+    count depends on)."""
+    base = _base(setting or (QUICK if is_quick else FULL))
+    base = base.replace(model="mlp", optimizer="sgd", momentum=0.0)
     return sweep_configs(base, TRAFFIC_METHODS)
 
 

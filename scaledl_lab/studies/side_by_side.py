@@ -4,14 +4,21 @@ A simulated run's numbers do not depend on what else the machine does (its clock
 so ``compare_side_by_side`` runs them in ``jobs`` processes, costliest first; real
 runs (Dask, wall-clock) run first, one at a time, in this process, since their times would.
 The result is one table, every run's rows in the order of the configs, as ``compare`` gives.
+
+Memory: a simulated run holds every one of its workers' replicas (model, gradient, optimiser
+state, messages) in its process, so what the processes hold together grows with the replicas
+running at once. At most ``REPLICAS_AT_ONCE`` of them run side by side (a run that exceeds it
+alone still runs, by itself); before the pool starts, this process lets go of the data and the
+memory its real runs used.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -19,34 +26,67 @@ from typing import Any
 import pandas as pd
 
 from ..experiment import Results, compare
+from ..runtime.memory import hand_back_memory
+from ..training import plan
 from ..viz.plots import method_of
 
 # Relative cost of one simulated epoch of each method (wall-clock, measured here): NNT applies
 # each neighbour's gradient too. Only used to start the costliest runs first.
 COST = {"nnt-torus": 2.5, "nnt-ring": 2.5, "dpsgd-torus": 1.6, "easgd": 1.7, "ps-async": 1.3}
+# Simulated replicas in memory at once, over all processes: the traffic sweep's 64-worker runs
+# beside a 4-worker one at most (each alone is ~1.7 GB above its process's 0.7 GB of libraries
+# and data), two of the comparison's 16-worker runs side by side.
+REPLICAS_AT_ONCE = 68
 
 
 def _cost(cfg: Any) -> float:
+    """The run's worker-steps, weighted by what its method does per step (``COST``)."""
     straggler = 2.0 if cfg.stragglers else 1.0  # the others run on while it lags
-    return COST.get(method_of(cfg.name)[0], 1.0) * cfg.epochs * cfg.workers * straggler
+    steps = plan.total_steps(cfg)
+    return COST.get(method_of(cfg.name)[0], 1.0) * steps * cfg.workers * straggler
 
 
 def _run_one(cfg: Any, out: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    compare([cfg], out=out, progress=False, log=None)
+    compare([cfg], out=out, progress=False, log=None, weights=False)  # the table is read back
+    gc.collect()
+    hand_back_memory()  # the next run starts from what this process needs, not this run's peak
+
+
+def _next(waiting: list[int], running: list[Any], configs: list[Any]) -> int | None:
+    """The costliest waiting run whose replicas fit beside the running ones (any run, alone)."""
+    held = sum(c.workers for c in running)
+    for i in waiting:
+        if not running or held + configs[i].workers <= REPLICAS_AT_ONCE:
+            return i
+    return None
 
 
 def _simulated(configs: list[Any], jobs: int, scratch: Path) -> list[pd.DataFrame]:
-    """Each run a task of its own, the costliest first: a process that is done takes the next,
-    so a run whose cost ``COST`` misjudges delays nobody for long."""
-    order = sorted(range(len(configs)), key=lambda i: -_cost(configs[i]))
-    parts = {i: scratch / str(i) for i in order}
+    """Each run a task of its own, the costliest first: a process that is done takes the next
+    (that fits, :func:`_next`), so a run whose cost ``COST`` misjudges delays nobody for long."""
+    costs = [_cost(c) for c in configs]
+    plan._cached_dataset.cache_clear()  # the costs' data: the pool's processes load their own
+    gc.collect()
+    hand_back_memory()
+    waiting = sorted(range(len(configs)), key=lambda i: -costs[i])
+    parts = {i: scratch / str(i) for i in waiting}
+    running: dict[Future, int] = {}
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_run_one, configs[i], str(parts[i])) for i in order]
-        for future in futures:
-            future.result()
+        while waiting or running:
+            i = None
+            if len(running) < jobs:
+                i = _next(waiting, [configs[r] for r in running.values()], configs)
+            if i is not None:
+                waiting.remove(i)
+                running[pool.submit(_run_one, configs[i], str(parts[i]))] = i
+                continue
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in done:
+                del running[future]
+                future.result()
     return [pd.read_csv(parts[i] / "metrics.csv") for i in range(len(configs))]
 
 
