@@ -30,7 +30,7 @@ import torch
 
 from ..base import tensor_bytes
 
-SPILL_AFTER_BYTES = 512 << 20  # in-flight messages kept in memory; later ones go to disk
+SPILL_AFTER_BYTES = 256 << 20  # in-flight messages kept in memory; later ones go to disk
 
 
 class Sent:
