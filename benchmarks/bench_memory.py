@@ -190,6 +190,7 @@ def measure(
     try:
         tick = start
         while not exited.is_set():
+            now = time.perf_counter() - start  # when the sample began: the command was running
             table = process_table()
             pss = rss = unreadable = unreadable_rss = counted = 0
             each: dict[int, int] = {}
@@ -206,7 +207,6 @@ def measure(
                 pss += memory["pss"]
                 rss += memory["rss"]
                 result["largest_process"] = max(result["largest_process"], memory["hwm"])
-            now = time.perf_counter() - start
             timeline.append((now, pss, counted))
             result["samples"] += 1
             if pss > result["peak_pss"]:
@@ -236,12 +236,15 @@ def measure(
     left = [
         pid for pid, st in known.items() if pid != proc.pid and table.get(pid, (0, -1))[1] == st
     ]
+    wall = ending["end"] - start
     result |= dict(
-        wall=ending["end"] - start,
+        wall=wall,
         exit_code=proc.returncode,
         rusage_maxrss=ending["usage"].ru_maxrss * 1024,  # kB on Linux
         left_behind=len(left),
-        timeline=timeline,
+        # A sample that began as the command exited (between the check and the clock) is
+        # stamped at the exit.
+        timeline=[(min(t, wall), pss, n) for t, pss, n in timeline],
     )
     return result
 

@@ -58,7 +58,13 @@ def test_recomputation_changes_no_parameter(strategy):
     assert len(_train(again)) == len(_train(plain)) and _train(plain)["step"].max() == 20
 
 
-@pytest.mark.parametrize(("model", "steps"), [("cnn", 5), ("resnet18", 3)])
+# ResNet-18's cases (~30 s each) run with --runslow; the CNN's carry the same checks in CI.
+RESNET = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("model", "steps"), [("cnn", 5), pytest.param("resnet18", 3, marks=RESNET)]
+)
 def test_batchnorm_statistics_move_once_per_forward(model, steps):
     """ResNet-18's running statistics (buffers of the state_dict) move once per step: the
     recomputed forward puts them back."""
@@ -103,7 +109,9 @@ def _segment_bound(model: torch.nn.Module, x: torch.Tensor) -> float:
     return inputs + largest
 
 
-@pytest.mark.parametrize(("model", "batch"), [("mlp", 32), ("cnn", 32), ("resnet18", 8)])
+@pytest.mark.parametrize(
+    ("model", "batch"), [("mlp", 32), ("cnn", 32), pytest.param("resnet18", 8, marks=RESNET)]
+)
 def test_activations_fall_to_the_checkpoints_and_one_segment(model, batch):
     cfg = _cfg("allreduce", model=model, batch_size=batch, max_steps=1)
     plain = _train(run(cfg, progress=False))["mem_activations"].max()
