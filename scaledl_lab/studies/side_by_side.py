@@ -51,8 +51,13 @@ def _run_one(cfg: Any, out: str) -> None:
 
     torch.set_num_threads(1)
     compare([cfg], out=out, progress=False, log=None, weights=False)  # the table is read back
+    _let_go()  # the next run starts from what this process needs, not this run's peak
+
+
+def _let_go() -> None:
+    """What this process freed goes back to the OS (cycles collected first)."""
     gc.collect()
-    hand_back_memory()  # the next run starts from what this process needs, not this run's peak
+    hand_back_memory()
 
 
 def _next(waiting: list[int], running: list[Any], configs: list[Any]) -> int | None:
@@ -68,9 +73,8 @@ def _simulated(configs: list[Any], jobs: int, scratch: Path) -> list[pd.DataFram
     """Each run a task of its own, the costliest first: a process that is done takes the next
     (that fits, :func:`_next`), so a run whose cost ``COST`` misjudges delays nobody for long."""
     costs = [_cost(c) for c in configs]
-    plan._cached_dataset.cache_clear()  # the costs' data: the pool's processes load their own
-    gc.collect()
-    hand_back_memory()
+    plan.forget_data()  # the costs' data: the pool's processes load their own
+    _let_go()
     waiting = sorted(range(len(configs)), key=lambda i: -costs[i])
     parts = {i: scratch / str(i) for i in waiting}
     running: dict[Future, int] = {}

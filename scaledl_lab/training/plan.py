@@ -40,6 +40,11 @@ def _cached_dataset(
     )
 
 
+def forget_data() -> None:
+    """Drop this process's cached dataset (the next :func:`load_for` loads it again)."""
+    _cached_dataset.cache_clear()
+
+
 def load_for(cfg: ExperimentConfig) -> DataSplits:
     """The data a config names (cached: every worker, the driver and the simulator use it)."""
     return _cached_dataset(

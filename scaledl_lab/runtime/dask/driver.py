@@ -29,7 +29,8 @@ POLL_S = 0.25
 # list (asked afresh: :func:`.cluster.live_workers`) is lost at once: the live ranks once
 # reported lost under load were read from the client's cached copy, which its periodic refresh
 # empties; asked afresh, no live rank went missing in 20 runs of 1000 steps on 8 workers beside
-# CPU hogs (``benchmarks/stress_workers.py --lost-after 0``), so no grace period is kept.
+# CPU hogs without one (``benchmarks/stress_workers.py --workers 8 --steps 1000``), so none
+# is kept.
 LIVENESS_S = 1.0
 # After one rank fails, how long the others get to finish failing on their own.
 GRACE_S = 5.0
