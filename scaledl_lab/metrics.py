@@ -109,8 +109,26 @@ def record(
 
 
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The tidy table, columns in the documented order."""
-    return pd.DataFrame(list(rows), columns=list(METRIC_COLUMNS))
+    """The tidy table, columns in the documented order, rows as logged except that each run's,
+    rank's and split's evaluations are in step order (:func:`evaluations_in_step_order`)."""
+    return evaluations_in_step_order(pd.DataFrame(list(rows), columns=list(METRIC_COLUMNS)))
+
+
+def evaluations_in_step_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the val and test rows of each (run, rank, split) in step order, in the
+    places those rows held: an evaluation summed only at the end of a run (unbounded NNT's score
+    of the start) is logged last, and "the last row is the final score" must still hold."""
+    evals = frame[frame["kind"].isin(("val", "test"))]
+    keys = [evals["run"], evals["rank"], evals["kind"]]
+    if evals.empty or (evals.groupby(keys, sort=False)["step"].diff().dropna() >= 0).all():
+        return frame
+    group = ["run", "rank", "kind"]
+    places = evals.assign(_at=evals.index).sort_values([*group, "_at"], kind="stable")["_at"]
+    ordered = evals.sort_values([*group, "step"], kind="stable")
+    frame = frame.copy()
+    for column in frame.columns:  # column by column: each keeps its dtype
+        frame.loc[places.to_numpy(), column] = ordered[column].to_numpy()
+    return frame
 
 
 def is_event(row: dict[str, Any]) -> bool:

@@ -12,6 +12,7 @@ from scaledl_lab.analysis import best_worker, step_rates
 from scaledl_lab.params import write_grads
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
+from scaledl_lab.viz.timeline import idle_share
 
 
 @pytest.mark.parametrize("optimizer,lr", [("sgd", 0.05), ("adam", 1e-3), ("adagrad", 0.01)])
@@ -202,6 +203,32 @@ def test_unbounded_nnt_measures_consensus_without_synchronising():
     consensus = frame.query("kind == 'consensus'")
     assert list(consensus["step"]) == [8, 16] and (consensus["value"] > 0).all()
     assert val[0] <= consensus["time"].iloc[0] < val[5]  # rank 0's own boundary
+
+
+def test_unbounded_nnt_workers_are_never_idle_before_their_last_step():
+    """Not even at the start: each worker scores its part of the common initial weights and
+    goes on (the sum is taken at the end), so the fast workers never wait for rank 5, ten
+    times slower; the start's rows score every sample, logged first, and equal lock-step's."""
+    cfg = ExperimentConfig(**{**TORUS, "stragglers": "slow:5:10"})
+    res = run(cfg, progress=False)
+    timeline, train = res.timeline(), res.frame.query("kind == 'train'")
+    before_last = train.groupby("rank")["time"].apply(lambda t: t.sort_values().iloc[-2])
+    idle = timeline.query("kind == 'idle'")
+    early = idle[idle["end"] <= idle["rank"].map(before_last)]
+    assert early.empty, early  # the last step waits for the messages still owed: that only
+    assert (idle_share(timeline, res.frame) == 0).all()
+    bounded = run(cfg.replace(nnt_max_lead=4), progress=False)
+    waited = idle_share(bounded.timeline(), bounded.frame)
+    assert waited[topology.neighbours("torus:4x4", 16, 5)].min() > 0.5  # they wait for rank 5
+    start = res.frame.query("kind in ('val', 'test') and step == 0")
+    assert list(start["rank"]) == [0, 0] and (start["samples"] == 160).all()
+    first = res.frame.query("kind == 'val' and rank == 0")
+    assert first["step"].iloc[0] == 0 and first["step"].is_monotonic_increasing
+    lockstep = run(cfg.replace(strategy="nnt-lockstep"), progress=False).frame
+    same = lockstep.query("kind in ('val', 'test') and step == 0")
+    assert list(start["accuracy"]) == list(same["accuracy"])
+    assert start["loss"].to_numpy() == pytest.approx(same["loss"].to_numpy(), rel=1e-12)
+    assert start["time"].max() < train.query("rank == 5")["time"].min()  # when rank 5 scored
 
 
 def test_unbounded_nnt_on_dask_with_a_straggler_applies_every_message(client):

@@ -19,13 +19,14 @@ from torch import nn
 
 from .. import families
 from ..config import ExperimentConfig
-from ..data import Dataset, DataSplits, epoch_batches, shard_indices
+from ..data import DataSplits, epoch_batches, shard_indices
 from ..metrics import Row, record
 from ..models import build_model
-from ..objective import correct_count, model_input, summed_loss
+from ..objective import model_input
 from ..params import state_dict_cpu
 from ..runtime.base import Comm
 from . import precision_checks  # noqa: F401  (the config's check of precision, registered)
+from .evaluation import EVAL_BATCH, Evaluation
 from .faults import kill_step
 from .health import check_finite
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
@@ -33,6 +34,7 @@ from .precision import Precision
 from .schedule import StepPlan, set_lr
 
 __all__ = [
+    "EVAL_BATCH",
     "Program",
     "StepStats",
     "WorkerContext",
@@ -45,7 +47,6 @@ __all__ = [
 ]
 
 _TEMPLATES: dict[tuple[Any, ...], nn.Module] = {}
-EVAL_BATCH = 250  # small enough that activations stay in cache
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def lr_of(optimizer: torch.optim.Optimizer) -> float:
 
 
 @dataclass
-class WorkerContext:
+class WorkerContext(Evaluation):
     """Everything one worker's program may use; built by the runtime that hosts the worker."""
 
     config: ExperimentConfig
@@ -251,99 +252,6 @@ class WorkerContext:
     def progress(self, step: int) -> float:
         """Training progress in epochs after ``step`` local steps."""
         return self.plan.progress(step)
-
-    # -- evaluation -----------------------------------------------------------------------
-
-    def _local_eval(self, model: nn.Module, split: Dataset, idx: torch.Tensor) -> torch.Tensor:
-        """[loss sum, correct, count] of ``model`` on ``split[idx]`` (eval mode, no grad)."""
-        was_training = model.training
-        model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)
-        with torch.no_grad():
-            for start in range(0, len(idx), EVAL_BATCH):
-                part = idx[start : start + EVAL_BATCH]
-                x = model_input(split.x[part], self.device, self.config.dtype)
-                y = split.y[part].to(self.device)
-                out = model(x)
-                totals[0] += summed_loss(out, y).item()
-                totals[1] += correct_count(out, y)
-                totals[2] += len(part)
-        model.train(was_training)
-        return totals
-
-    async def evaluate_local(
-        self,
-        model: nn.Module,
-        *,
-        epoch: float,
-        step: int,
-        kinds: tuple[str, ...] = ("val", "test"),
-        log: bool = True,
-        at: float | None = None,
-    ) -> dict[str, float]:
-        """Evaluate this worker's own model on whole splits, alone (no communication).
-
-        Used where workers hold different models (asynchronous and decentralised methods).
-        Returns ``{kind: accuracy}`` and, with ``log``, records one row per split, stamped when
-        it ends or at ``at``: when the weights it scores existed (an initial state fetched again).
-        """
-        scores: dict[str, float] = {}
-        for kind in kinds:
-            split = self.data.val if kind == "val" else self.data.test
-            if len(split) == 0:
-                continue
-            async with self.comm.compute(len(split) // 3):  # a forward pass ~1/3 of a step
-                loss_sum, correct, count = self._local_eval(
-                    model, split, torch.arange(len(split))
-                ).tolist()
-            scores[kind] = correct / count
-            if log:
-                self.log_eval(kind, epoch, step, loss_sum, correct, count, time=at)
-        return scores
-
-    def log_eval(
-        self,
-        kind: str,
-        epoch: float,
-        step: int,
-        loss_sum: float,
-        correct: float,
-        count: float,
-        sent: int = 0,
-        time: float | None = None,
-    ) -> None:
-        self.log(
-            Row(
-                kind=kind,
-                epoch=epoch,
-                step=step,
-                time=self.comm.now() if time is None else time,
-                loss=loss_sum / count,
-                accuracy=correct / count,
-                samples=int(count),
-                bytes_sent=sent,
-            )
-        )
-
-    async def evaluate_shared(self, model: nn.Module, *, epoch: float, step: int) -> None:
-        """Evaluate a model that is identical on every worker, splitting val and test by rank.
-
-        Each rank scores every world_size-th sample; an allreduce sums the counts, and rank 0
-        records the rows (after a worker died: the survivors split it, the first reports).
-        """
-        alive = self.comm.survivors()
-        for kind, split in (("val", self.data.val), ("test", self.data.test)):
-            if len(split) == 0:
-                continue
-            idx = torch.arange(alive.index(self.rank), len(split), len(alive))
-            async with self.comm.compute(len(idx) // 3):  # a forward pass is ~1/3 of a step
-                totals = self._local_eval(model, split, idx)
-            sent_before = self.comm.bytes_sent
-            await self.comm.allreduce(totals)
-            loss_sum, correct, count = totals.tolist()
-            if self.rank == alive[0]:
-                sent = self.comm.bytes_sent - sent_before
-                self.log_eval(kind, epoch, step, loss_sum, correct, count, sent)
 
 
 Program = Callable[[WorkerContext], Awaitable[None]]

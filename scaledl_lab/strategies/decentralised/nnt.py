@@ -20,15 +20,17 @@ FAST: each neighbour's messages are taken off the wire as they arrive and queued
 keeps a gloo receive posted, since gloo's sends complete only once the receiver has posted the
 matching receive). Epoch boundaries are then no synchronisation point: each worker evaluates its
 own model at its own boundary and keeps a copy of its weights; the consensus distance of those
-copies is computed once all workers are done. With a bound ``cfg.nnt_max_lead = L`` (flow
-control, our departure from FAST; the lock-step variant is L = 0), a worker may run at most L
-steps ahead of the messages it has received from a neighbour, keeps ``L + 1`` receives posted and
-at most ``2·L + 1`` sends in flight per neighbour: whenever a worker waits for a send the
-receiver has already posted the receive, and waits for receives only point to workers that are
-behind, so no deadlock; epoch boundaries are synchronisation points (an allreduce measures the
-consensus). Every worker runs the same number of steps T (all shards have the same length), so
-it sends exactly T messages to each neighbour and, at the end, receives all T from each before
-its final evaluation.
+copies is computed once all workers are done. Nor is the start: each worker scores its part of
+the common initial weights and goes on, their sum waits for the end of the run (a straggler
+scoring its part slowly would otherwise hold every other worker at step 0). With a bound
+``cfg.nnt_max_lead = L`` (flow control, our departure from FAST; the lock-step variant is
+L = 0), a worker may run at most L steps ahead of the messages it has received from a
+neighbour, keeps ``L + 1`` receives posted and at most ``2·L + 1`` sends in flight per
+neighbour: whenever a worker waits for a send the receiver has already posted the receive, and
+waits for receives only point to workers that are behind, so no deadlock; epoch boundaries are
+synchronisation points (an allreduce measures the consensus). Every worker runs the same
+number of steps T (all shards have the same length), so it sends exactly T messages to each
+neighbour and, at the end, receives all T from each before its final evaluation.
 
 Rows: ``kind="train"`` per worker per step, with ``bytes_sent`` (degree × gradient bytes) and
 ``staleness`` (mean age in steps of the neighbour gradients applied after that step). At each
@@ -204,7 +206,8 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             write_grads(params, codec.decode(flat) if codec else flat, share=shared)
             holder["optimizer"].step()
 
-    await ctx.evaluate_shared(model, epoch=0.0, step=0)
+    unbounded = lead is None and not staged  # nobody waits: not even to score the start
+    await ctx.evaluate_shared(model, epoch=0.0, step=0, defer=unbounded)
     scores: dict[str, float] = {}
     step = 0
     for x, y in ctx.local_batches():
@@ -232,7 +235,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             staleness=staleness,
         )
         ctx.die_if_killed(step)
-        if ctx.is_boundary(step) and lead is None and not staged:
+        if ctx.is_boundary(step) and unbounded:
             # No synchronisation: this worker's own evaluation, its weights kept for later.
             scores = await ctx.evaluate_local(model, epoch=ctx.progress(step), step=step)
             snapshots.append((step, comm.now(), state_vector(model).clone()))
@@ -244,6 +247,7 @@ async def train(ctx: WorkerContext, *, lockstep: bool = False, staged: bool = Fa
             if restart:
                 await _restart_from_best(ctx, model, holder, scores)
     ctx.result["messages_applied"] = dict(inbox.count)  # T from every neighbour
+    await ctx.report_deferred()  # the start's score, summed now that no one is held
     for at_step, at_time, weights in snapshots:
         await log_consensus(ctx, weights, at_step, at_time)
     await finish(ctx, model, scores)
