@@ -10,12 +10,13 @@ RSS (its kernel high-water mark, what ``/usr/bin/time -v`` reports as "Maximum r
 size"), the wall time and how many processes the tree had at the PSS peak.
 
     python benchmarks/bench_memory.py [TARGET ...] [--mode quick|full] [--interval 0.5]
-                                      [--csv FILE] [--breakdown] [--out DIR]
+                                      [--csv FILE] [--breakdown] [--out DIR] [--keep DIR]
 
 ``--out DIR`` (the committed one is ``results/memory``) merges the rows into ``DIR/memory.csv``
 (a target and mode measured again replaces its row), each process at the peak into
 ``DIR/breakdown.csv``, the machine into ``DIR/machine.json``, and writes ``DIR/summary.md``
-from them: the table a README quotes.
+from them: the table a README quotes. ``--keep DIR`` copies the measured ``reproduce`` run's
+results folder there (``results/reproduce-quick``: the committed results are the measured run's).
 
 Targets (default: all of them): ``reproduce`` runs ``scaledl-lab reproduce --quick --out <tmp>``
 (without ``--quick`` in full mode) through ``python -m scaledl_lab.cli``, so the code of this
@@ -40,6 +41,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -475,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown", action="store_true", help="also print each process's PSS at the peak"
     )
     parser.add_argument("--out", help="merge the rows into this folder (e.g. results/memory)")
+    parser.add_argument(
+        "--keep", help="copy reproduce's results folder here (e.g. results/reproduce-quick)"
+    )
     args = parser.parse_args(argv)
     if not math.isfinite(args.interval) or args.interval <= 0:
         parser.error("--interval must be a positive number of seconds")
@@ -499,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
             row = to_row(target, args.mode, figures, load, at)
             rows.append(row)
             peaks[(target.name, args.mode)] = figures.get("at_peak", [])
+            kept = Path(tmp) / "reproduce"
+            if args.keep and target.path is None and row.exit_code == 0 and kept.is_dir():
+                shutil.copytree(kept, args.keep, dirs_exist_ok=True)  # the measured run's
+                log(f"its results folder copied to {args.keep}")
             if args.breakdown:
                 log(f"{target.name} at its peak ({figures['peak_at']:.0f} s in):")
                 for name, pss in figures.get("at_peak", []):

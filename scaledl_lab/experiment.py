@@ -98,8 +98,8 @@ class Results:
 
         return run_warnings(self.summary(), self.configs)
 
-    def save(self, out_dir: str | os.PathLike[str]) -> Path:
-        """Write metrics.csv/.parquet, config.json, PNG plots and summary.md into ``out_dir``."""
+    def save(self, out_dir: str | os.PathLike[str], *, figures: bool = True) -> Path:
+        """Write metrics.csv/.parquet, config.json, PNG plots (``figures``) and summary.md."""
         from .viz import plots
 
         out = Path(out_dir)
@@ -107,7 +107,8 @@ class Results:
         self.frame.to_csv(out / "metrics.csv", index=False)
         self.frame.to_parquet(out / "metrics.parquet", index=False)
         write_config(out, self.configs)
-        plots.save_standard_plots(self.frame, out)
+        if figures:
+            plots.save_standard_plots(self.frame, out)
         text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
         warnings = self.warnings()
         if warnings:

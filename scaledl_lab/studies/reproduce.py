@@ -21,7 +21,8 @@ per worker, as in the paper's main runs; its 16-worker runs go on the Dask clust
 grid of learning rates (each method's rate × factor, chosen on validation by the report).
 
 A traffic sweep (tiny simulated runs of NNT and a parameter server at N = 4, 16 and 64 workers,
-in ``traffic/`` beside the results) measures how each method's traffic grows with N.
+in ``traffic/`` beside the results, tables without figures) measures how each method's traffic
+grows with N.
 
 The report (``summary.md``) has the tables, the figures and a verdict on each claim, computed from
 the measured tables only (:mod:`scaledl_lab.analysis`): every number in its text comes from them.
@@ -295,12 +296,13 @@ def reproduce(
     if traffic and jobs > 1:  # one pool: the sweep's small runs fill the others' tail
         frame = run_side_by_side(configs + traffic, jobs=jobs, progress=progress, **where)
         groups = [(configs, Path(out)), (traffic, Path(out) / "traffic")]
-        results, sweep = saved_apart(frame, groups)
+        results, sweep = saved_apart(frame, groups, figures=1)  # the sweep's: its table
     else:
         results = compare_side_by_side(configs, out=out, jobs=jobs, progress=progress, **where)
         sweep = None
         if traffic:
-            sweep = compare(traffic, out=Path(out) / "traffic", progress=False, log=None)
+            sweep = compare(traffic, progress=False, log=None)
+            sweep.save(Path(out) / "traffic", figures=False)  # what matters is its table
     write_report(results, Path(out), sweep)
     return results
 

@@ -131,13 +131,16 @@ def compare_side_by_side(
     return saved_apart(frame, [(configs, Path(out))])[0]
 
 
-def saved_apart(frame: pd.DataFrame, groups: list[tuple[list[Any], Path]]) -> list[Results]:
-    """``frame`` (of runs side by side) cut into one results folder per group of configs."""
+def saved_apart(
+    frame: pd.DataFrame, groups: list[tuple[list[Any], Path]], figures: int | None = None
+) -> list[Results]:
+    """``frame`` (of runs side by side) cut into one results folder per group of configs; the
+    first ``figures`` groups with their plots (all by default)."""
     parts = []
-    for configs, out in groups:
+    for i, (configs, out) in enumerate(groups):
         labels = {c.label for c in configs}
         part = frame[frame["run"].isin(labels)].reset_index(drop=True)
         results = Results(frame=part, configs=list(configs))
-        results.save(out)
+        results.save(out, figures=figures is None or i < figures)
         parts.append(results)
     return parts
