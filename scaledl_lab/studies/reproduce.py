@@ -295,8 +295,8 @@ def reproduce(
     where = dict(address=address, client=client, security=security)
     if traffic and jobs > 1:  # one pool: the sweep's small runs fill the others' tail
         frame = run_side_by_side(configs + traffic, jobs=jobs, progress=progress, **where)
-        groups = [(configs, Path(out)), (traffic, Path(out) / "traffic")]
-        results, sweep = saved_apart(frame, groups, figures=1)  # the sweep's: its table
+        results = saved_apart(frame, configs, Path(out))
+        sweep = saved_apart(frame, traffic, Path(out) / "traffic", figures=False)  # its table
     else:
         results = compare_side_by_side(configs, out=out, jobs=jobs, progress=progress, **where)
         sweep = None

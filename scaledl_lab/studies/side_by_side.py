@@ -128,19 +128,16 @@ def compare_side_by_side(
     if jobs <= 1:
         return compare(configs, out=out, progress=progress, **where)
     frame = run_side_by_side(configs, jobs=jobs, progress=progress, **where)
-    return saved_apart(frame, [(configs, Path(out))])[0]
+    return saved_apart(frame, configs, Path(out))
 
 
 def saved_apart(
-    frame: pd.DataFrame, groups: list[tuple[list[Any], Path]], figures: int | None = None
-) -> list[Results]:
-    """``frame`` (of runs side by side) cut into one results folder per group of configs; the
-    first ``figures`` groups with their plots (all by default)."""
-    parts = []
-    for i, (configs, out) in enumerate(groups):
-        labels = {c.label for c in configs}
-        part = frame[frame["run"].isin(labels)].reset_index(drop=True)
-        results = Results(frame=part, configs=list(configs))
-        results.save(out, figures=figures is None or i < figures)
-        parts.append(results)
-    return parts
+    frame: pd.DataFrame, configs: list[Any], out: Path, *, figures: bool = True
+) -> Results:
+    """The runs of ``configs`` cut from ``frame`` (of runs side by side), saved into ``out``
+    (with their plots when ``figures``)."""
+    labels = {c.label for c in configs}
+    part = frame[frame["run"].isin(labels)].reset_index(drop=True)
+    results = Results(frame=part, configs=list(configs))
+    results.save(out, figures=figures)
+    return results
