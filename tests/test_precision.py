@@ -349,9 +349,9 @@ def test_16_bits_train_as_accurately_as_float32(model, precisions):
 @pytest.mark.timeout(1200)
 def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     """The CNN's claim setting in float16 with a static scale of 2**10 (no step overflows) ends
-    within the claim's bound of float32 (``_tolerance``). With the dynamic scale, the first steps overflow and are
-    skipped while 2**16 comes down: in a run this short (31 steps per worker) that costs points
-    (measured: 3 skipped, -13 points), which is why this case states its scale."""
+    within the claim's bound of float32 (``_tolerance``). With the dynamic scale, the first
+    steps overflow and are skipped while 2**16 comes down: in a run this short (31 steps per
+    worker) that costs points (measured: 3 skipped, -13 points), so this case states its scale."""
     from scaledl_lab.strategies.memory.precision_study import compare_precisions
 
     train, test, batch, lr = CLAIM_SETTINGS["cnn"]
