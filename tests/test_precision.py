@@ -349,9 +349,10 @@ def test_16_bits_train_as_accurately_as_float32(model, precisions):
 @pytest.mark.timeout(1200)
 def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     """The CNN's claim setting in float16 with a static scale of 2**10 (no step overflows) ends
-    within the claim's bound of float32 (``_tolerance``). With the dynamic scale, the first
-    steps overflow and are skipped while 2**16 comes down: in a run this short (31 steps per
-    worker) that costs points (measured: 3 skipped, -13 points), so this case states its scale."""
+    within the claim's bound of float32 (``_tolerance``). With the dynamic scale, steps overflow
+    in the middle of the run as its gradients grow, and each is skipped while 2**16 comes down:
+    in a run this short (31 steps per worker) that costs points (measured: 3 skipped, -13
+    points), so this case states its scale."""
     from scaledl_lab.strategies.memory.precision_study import compare_precisions
 
     train, test, batch, lr = CLAIM_SETTINGS["cnn"]
@@ -362,8 +363,7 @@ def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     assert table.loc["float16", "skipped_steps"] == 0, table
     assert table.loc["float16", "points_vs_float32"] >= -_tolerance(table, test), table
     dynamic = compare_precisions(cfg, ("float16",)).results.frame.query("kind == 'train'")
-    skipped = dynamic.sort_values("step").groupby("step")["skipped"].max()
-    assert skipped.sum() >= 1 and skipped.iloc[: int(skipped.sum())].all(), skipped  # the first
+    assert dynamic["skipped"].sum() >= 1 and dynamic["loss_scale"].min() < 2.0**16
 
 
 def test_probe_runs_the_lab_s_ops_here():
