@@ -320,6 +320,14 @@ def _tolerance(table, test_samples: int) -> float:
 CLAIM_SETTINGS = {"mlp": (20_000, 10_000, 64, 0.05), "cnn": (2_000, 2_000, 32, 0.02)}
 
 
+def _claim_cfg(model: str) -> tuple[ExperimentConfig, int]:
+    """The float32 config of ``model``'s claim setting, and its test samples."""
+    train, test, batch, lr = CLAIM_SETTINGS[model]
+    cfg = _cfg(model=model, precision="float32", max_steps=None, train_subset=train,
+               test_subset=test, val_size=0, batch_size=batch, lr=lr)  # fmt: skip
+    return cfg, test
+
+
 @pytest.mark.parametrize(
     ("model", "precisions"), [("mlp", ("float32", "bfloat16", "float16")),
                               ("cnn", ("float32", "bfloat16"))],
@@ -331,9 +339,7 @@ def test_16_bits_train_as_accurately_as_float32(model, precisions):
     worker sends half the bytes per step (the loss's 8-byte allreduce aside)."""
     from scaledl_lab.strategies.memory.precision_study import compare_precisions
 
-    train, test, batch, lr = CLAIM_SETTINGS[model]
-    cfg = _cfg(model=model, precision="float32", max_steps=None, train_subset=train,
-               test_subset=test, val_size=0, batch_size=batch, lr=lr)  # fmt: skip
+    cfg, test = _claim_cfg(model)
     table = compare_precisions(cfg, precisions).table.set_index("precision")
     assert table.loc["float32", "test_accuracy"] > 0.6  # it learnt
     for low in precisions[1:]:
@@ -345,7 +351,7 @@ def test_16_bits_train_as_accurately_as_float32(model, precisions):
         assert table.loc["float16", "loss_scale"] < 2.0**16  # the scale came down: overflows
 
 
-@pytest.mark.slow  # CPU float16 convolutions: ~7 min for the three runs
+@pytest.mark.slow  # CPU float16 convolutions: ~5 min for the three runs
 @pytest.mark.timeout(1200)
 def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     """The CNN's claim setting in float16 with a static scale of 2**10 (no step overflows) ends
@@ -355,9 +361,7 @@ def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     points), so this case states its scale."""
     from scaledl_lab.strategies.memory.precision_study import compare_precisions
 
-    train, test, batch, lr = CLAIM_SETTINGS["cnn"]
-    cfg = _cfg(model="cnn", precision="float32", max_steps=None, train_subset=train,
-               test_subset=test, val_size=0, batch_size=batch, lr=lr)  # fmt: skip
+    cfg, test = _claim_cfg("cnn")
     static = compare_precisions(cfg, ("float32", "float16"), loss_scale=2.0**10)
     table = static.table.set_index("precision")
     assert table.loc["float16", "skipped_steps"] == 0, table
