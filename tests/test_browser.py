@@ -216,6 +216,9 @@ def browser(artefacts: Path) -> Iterator[Any]:
         driver.quit()
 
 
+# Run All of notebook 01 in the browser, then its panel twice: ~2.5 min idle, 6.5 min loaded;
+# notebook 03's case below starts JupyterLab and Chromium in every suite.
+@pytest.mark.slow
 def test_notebook_01_in_jupyterlab(lab: tuple[str, str], browser: Any, artefacts: Path) -> None:
     from selenium.webdriver.common.by import By
 

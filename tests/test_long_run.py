@@ -111,6 +111,7 @@ def _tiny(configs):
     ]
 
 
+@pytest.mark.slow  # the long study twice, at one and two jobs: ~30 s
 def test_two_processes_give_the_numbers_of_one(tmp_path):
     configs = _tiny(long_run.long_configs(TINY, seeds=(0,)))
     # A real run among them runs first and alone; its rows keep their place in the table.

@@ -165,6 +165,7 @@ def test_gpipe_and_1f1b_equal_single_process_training_on_the_mini_batch(strategy
     assert max_diff(merged_state(res, cfg), train_sequential(cfg, load_for(cfg))) < 1e-10
 
 
+@pytest.mark.slow  # ResNet-18, recomputed and not: ~40 s
 def test_recomputation_leaves_batchnorm_statistics_as_one_forward_does():
     base = dict(
         runtime="sim", workers=2, model="resnet18", precision="float64", batch_size=8,

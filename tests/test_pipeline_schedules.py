@@ -284,6 +284,7 @@ def test_zb_h1_and_interleaving_with_data_parallel_replicas_equal_the_combined_b
             assert max_diff(res.model_state_dict(replica=replica), twin) < 1e-10
 
 
+@pytest.mark.slow  # ResNet-18 through four runs: ~1 min; the CNN cases above run in every suite
 def test_resnet_batchnorm_stages_under_zb_h1_equal_gpipe_and_the_twin():
     # BatchNorm normalises each micro-batch: with one the twin is exact, with more GPipe is.
     base = dict(runtime="sim", workers=2, model="resnet18", precision="float64", batch_size=8,

@@ -98,7 +98,10 @@ def test_16_bit_gradients_halve_the_bytes_sent():
 @pytest.mark.parametrize(
     ("strategy", "model", "prec"),
     [(s, "mlp", "bfloat16") for s in ("allreduce", "allreduce-naive", *STAGES[1:])]
-    + [("zero3", "cnn", "bfloat16"), ("zero2", "mlp", "float16")],
+    + [
+        pytest.param("zero3", "cnn", "bfloat16", marks=pytest.mark.slow),  # ~35 s
+        ("zero2", "mlp", "float16"),
+    ],
 )
 def test_plan_predicts_what_a_16_bit_run_records(strategy, model, prec):
     """Exactly: every ledger column, the simulated seconds of a step and its bytes sent (a
@@ -328,6 +331,7 @@ def _claim_cfg(model: str) -> tuple[ExperimentConfig, int]:
     return cfg, test
 
 
+@pytest.mark.slow  # a float32 and one or two 16-bit epochs: ~70 s (MLP), ~2 min (CNN)
 @pytest.mark.parametrize(
     ("model", "precisions"), [("mlp", ("float32", "bfloat16", "float16")),
                               ("cnn", ("float32", "bfloat16"))],
