@@ -92,6 +92,13 @@ def recompute_claim(table: pd.DataFrame) -> Claim:
     # The bound tests recomputation only where a model keeps more than it without recomputing.
     tested = [str(m) for m, r in table.iterrows() if r.activations_mb > r.bound_mb]
     untested = [str(m) for m in table.index if str(m) not in tested]
+    verb = "keeps" if len(untested) == 1 else "keep"
+    scope = (
+        f"a test for {', '.join(tested) or 'no model'} only: {', '.join(untested)} {verb} no "
+        "more than the bound without recomputation"
+        if untested
+        else "a test for every model"
+    )
     return Claim(
         key="recompute",
         claim=CLAIM,
@@ -99,12 +106,9 @@ def recompute_claim(table: pd.DataFrame) -> Claim:
         in_our_words=True,
         verdict=mark(bool(table["holds"].all()) and bool(falls)),
         reason=f"activations kept {savings} less with recomputation, each at most its "
-        f"checkpoints plus its largest segment: {bool(table['holds'].all())} (a test for "
-        f"{', '.join(tested) or 'no model'} only: {', '.join(untested) or 'none'} "
-        f"{'keeps' if len(untested) == 1 else 'keep'} no more than the bound without "
-        f"recomputation); extra forwards per step {extras} (simulated "
-        "compute); a model whose every saved tensor is a layer's input (the MLP) has nothing to "
-        "drop",
+        f"checkpoints plus its largest segment: {bool(table['holds'].all())} ({scope}); extra "
+        f"forwards per step {extras} (simulated compute); a model whose every saved tensor is a "
+        "layer's input (the MLP) has nothing to drop",
         figures={
             **{f"saving_{m}": r.saving for m, r in table.iterrows()},
             **{f"extra_forwards_{m}": r.extra_forwards for m, r in table.iterrows()},
