@@ -243,6 +243,7 @@ def measure(
         wall=wall,
         exit_code=proc.returncode,
         rusage_maxrss=ending["usage"].ru_maxrss * 1024,  # kB on Linux
+        cpu=ending["usage"].ru_utime + ending["usage"].ru_stime,
         left_behind=len(left),
         # A sample that began as the command exited (between the check and the clock) is
         # stamped at the exit.
@@ -324,6 +325,9 @@ class Row:
     left_behind: int = 0
     load_at_start: float = math.nan  # the 1-minute load average as the target started
     measured_at: str = ""  # UTC, ISO 8601
+    # CPU seconds (user + system) of the command and every descendant reaped before it ended
+    # (kernel, nannies, workers, pool processes): what a shared server's cores must supply.
+    cpu_s: float = math.nan
 
 
 def budget_verdict(kind: str, mode: str, pss_gb: float, wall_s: float, exit_code: int) -> str:
@@ -345,6 +349,7 @@ def to_row(target: Target, mode: str, figures: dict, load: float = math.nan, at:
         target.name, mode, pss, figures["peak_rss"] / GB, figures["largest_process"] / GB,
         figures["processes_at_peak"], wall, code, verdict,
         figures["unreadable"], figures["unreadable_rss"] / GB, figures["left_behind"], load, at,
+        figures.get("cpu", math.nan),
     )  # fmt: skip
 
 

@@ -71,6 +71,17 @@ def test_summed_pss_counts_the_child_and_the_grandchild(bench, tmp_path):
     assert all(0 <= t <= loaded["wall"] for t, _, _ in loaded["timeline"])
 
 
+def test_cpu_seconds_count_the_grandchild_the_command_waited_for(bench):
+    # The child sleeps; its child spins for 1 s of CPU: the CPU seconds are the grandchild's.
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass"
+    child = "import subprocess, sys, time; time.sleep(0.3); "
+    child += f"subprocess.run([sys.executable, '-c', {spin!r}])"
+    figures = bench.measure([sys.executable, "-c", child], dict(os.environ), 0.1)
+    assert figures["exit_code"] == 0
+    assert 1.0 <= figures["cpu"] < 1.0 + 0.5  # the spin, and the interpreters' start-up
+    assert figures["wall"] >= 1.3
+
+
 def test_a_failing_command_keeps_its_exit_code(bench):
     figures = bench.measure([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), 0.1)
     assert figures["exit_code"] == 3
@@ -97,7 +108,7 @@ def test_targets_resolve_by_number_stem_or_path(bench):
 def test_a_results_folder_merges_targets_and_replaces_one_measured_again(bench, tmp_path):
     def row(target: str, pss: float, load: float) -> object:
         return bench.Row(target, "quick", pss, pss + 0.1, pss / 2, 3, 12.0, 0, "—", 0, 0.0, 0,
-                         load, "2026-01-01T00:00:00Z")  # fmt: skip
+                         load, "2026-01-01T00:00:00Z", 2 * pss)  # fmt: skip
 
     first = [row("reproduce", 2.5, 3.0), row("07_large_batch", 0.8, 3.5)]
     bench.write_folder(tmp_path, first, {("reproduce", "quick"): [("python", 10**9)]}, "cmd a")
