@@ -68,11 +68,11 @@ def config(kind: str, workers: int, steps: int, **extra) -> ExperimentConfig:
     )  # fmt: skip
 
 
-def attempt(client, cfg: ExperimentConfig) -> tuple[str, float]:
+def attempt(client, cfg: ExperimentConfig, on_rows=None) -> tuple[str, float]:
     """('ok' | 'worker lost: ...' | 'error: ...', seconds)."""
     start = time.perf_counter()
     try:
-        run(cfg, client=client, progress=False, log=None)
+        run(cfg, client=client, progress=False, log=None, on_rows=on_rows)
         outcome = "ok"
     except WorkerLostError as exc:
         outcome = f"worker lost: {exc}"
@@ -108,13 +108,25 @@ def main() -> None:
         return
     # A real loss, in the same conditions, on a cluster of its own (the killed worker's
     # process ends; the nanny starts a new one, which must not be mistaken for it).
+    # Rank 1's process exits right after its train row of step STEP: that row's arrival at the
+    # driver dates the kill (to within the row batches' interval), and the run's end after it
+    # is how long the loss took to be acted on.
+    step = args.steps // 4
     for kind, expect in (("allreduce", "worker lost"), ("ps-async", "ok")):
-        cfg = config(kind, args.workers, args.steps, faults=f"kill:1:{args.steps // 4}")
+        cfg = config(kind, args.workers, args.steps, faults=f"kill:1:{step}")
+        last_row: list[float] = []
+
+        def on_rows(batch: list[dict], last_row: list[float] = last_row) -> None:
+            if any(r["kind"] == "train" and r["rank"] == 1 and r["step"] == step for r in batch):
+                last_row.append(time.perf_counter())
+
         with hogs(args.hogs), connect(args.workers, dashboard=False, log=None) as client:
-            outcome, seconds = attempt(client, cfg)
+            outcome, seconds = attempt(client, cfg, on_rows)
+            ended = time.perf_counter()
         verdict = "as expected" if outcome.startswith(expect) else "NOT as expected"
-        print(f"{kind:<14} rank 1 killed at step {args.steps // 4}: {outcome} "
-              f"({seconds:.1f} s; {verdict})")  # fmt: skip
+        after = f"{ended - last_row[0]:.1f} s after rank 1's last row" if last_row else "no row"
+        print(f"{kind:<14} rank 1 killed at step {step}: {outcome} "
+              f"({seconds:.1f} s in all, the run ended {after}; {verdict})")  # fmt: skip
 
 
 if __name__ == "__main__":

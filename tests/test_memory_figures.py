@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import csv
+import math
 import re
 from pathlib import Path
+
+from common import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "results" / "memory" / "memory.csv"
@@ -56,3 +59,16 @@ def test_the_course_plan_quotes_the_notebooks_range():
     plan = " ".join((ROOT / "notebooks" / "README.md").read_text().split())
     quoted = f"{notebooks[low]:.2f} GB (lab {low[:2]}) to {notebooks[high]:.2f} GB (lab {high[:2]})"
     assert quoted in plan
+
+
+def test_the_course_plans_classroom_sizing_is_the_scripts_output_for_the_committed_table():
+    with benchmark_module("classroom") as classroom:
+        table = classroom.sizing_table(classroom.read(TABLE), students=40, cores=[32, 64])
+    assert table in (ROOT / "notebooks" / "README.md").read_text()
+
+
+def test_class_time_is_the_wall_time_until_the_cores_are_the_limit():
+    with benchmark_module("classroom") as classroom:
+        assert classroom.class_time(60.0, 90.0, students=40, cores=32) == 40 * 90.0 / 32
+        assert classroom.class_time(600.0, 90.0, students=40, cores=64) == 600.0
+        assert math.isnan(classroom.class_time(60.0, math.nan, students=40, cores=32))
