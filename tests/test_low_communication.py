@@ -387,6 +387,17 @@ def test_the_study_decides_its_claims_on_the_seed_spreads():
     h = claims["diloco-h"]
     assert h.verdict == "supported" and h.figures["largest_h"] == 50
     assert h.figures["bytes_ratio"] == pytest.approx(50)
+    # "up to the largest H" holds for every H below it: a gap at H = 10 leaves nothing supported
+    gap = _runs({**accuracy, "diloco H=10": [0.70, 0.71, 0.72]}, bytes_per_step=bytes_per_step,
+                peak_bytes=peak, time_s=time)  # fmt: skip
+    gapped = {c.key: c for c in study.verdicts(gap)}["diloco-h"]
+    assert gapped.verdict == "not supported" and gapped.figures["largest_h"] == 0
+    assert "at H = 1, 50 of" in gapped.reason  # the ones that held, listed all the same
+    # "H times less": bytes per step that do not fall with H do not bear the claim out
+    flat = _runs(accuracy, bytes_per_step={**bytes_per_step, "diloco H=50": 100.0},
+                 peak_bytes=peak, time_s=time)  # fmt: skip
+    flat_h = {c.key: c for c in study.verdicts(flat)}["diloco-h"]
+    assert flat_h.verdict == "not supported" and flat_h.figures["bytes_ratio"] == 5
     assert claims["nesterov-vs-fedavg"].verdict == "supported"  # +5 points, 2 SE 1.6
     assert claims["nesterov-vs-fedavg"].figures["gap"] == pytest.approx(0.05)
     assert claims["streaming"].verdict == "supported"

@@ -15,6 +15,7 @@ DIR`` elsewhere).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 from pathlib import Path
@@ -161,13 +162,15 @@ def verdicts(runs: pd.DataFrame) -> list[Claim]:
     sync = s.loc["allreduce"]
     holds = [h for h in H_GRID if s.loc[f"diloco H={h}"].test_accuracy >= sync.test_accuracy
              - TOLERANCE]  # fmt: skip
-    largest = max(holds, default=0)
+    # "up to the largest H": every H > 1 of the grid holds from the smallest to it, no gap
+    unbroken = list(itertools.takewhile(holds.__contains__, [h for h in H_GRID if h > 1]))
+    largest = max(unbroken, default=0)
     ratio = sync.bytes_per_step / s.loc[f"diloco H={largest}"].bytes_per_step if largest else 0
     claims = [Claim(
         key="diloco-h",
         claim="DiLoCo with H inner steps reaches synchronous SGD's accuracy (within 1 point, "
         "same samples) while communicating H times less, up to the largest H where it holds",
-        source=SOURCE, in_our_words=True, verdict=mark(largest > 1),
+        source=SOURCE, in_our_words=True, verdict=mark(largest > 1 and ratio >= 0.8 * largest),
         reason=f"within 1 point of synchronous SGD's {sync.test_accuracy:.1%} at H = "
         f"{', '.join(map(str, holds)) or 'none'} of {H_GRID}; at the largest, "
         f"{ratio:.0f}x fewer bytes per step",
@@ -175,7 +178,9 @@ def verdicts(runs: pd.DataFrame) -> list[Claim]:
                  **{f"accuracy_h{h}": s.loc[f"diloco H={h}"].test_accuracy for h in H_GRID},
                  "accuracy_sync": sync.test_accuracy},
         test="mean over seeds; H holds if DiLoCo's mean is at least synchronous SGD's − 0.01; "
-        "supported if some H > 1 holds",
+        "supported if the H > 1 of the grid hold from the smallest up to some largest, without "
+        "a gap, and bytes per step fall at least 0.8 H times there (below H: the closing round "
+        "adds a synchronisation, 10 rounds in 453 steps at H = 50)",
     )]  # fmt: skip
     nesterov, fedavg = s.loc[f"diloco H={FEDAVG_H}"], s.loc[f"fedavg H={FEDAVG_H}"]
     gap = nesterov.test_accuracy - fedavg.test_accuracy
