@@ -37,6 +37,7 @@ but counted apart, with their RSS, and reported under the table. Linux only.
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import math
@@ -328,6 +329,7 @@ class Row:
     # CPU seconds (user + system) of the command and every descendant reaped before it ended
     # (kernel, nannies, workers, pool processes): what a shared server's cores must supply.
     cpu_s: float = math.nan
+    processor: str = ""  # the CPU model (/proc/cpuinfo): wall and CPU seconds depend on it
 
 
 def budget_verdict(kind: str, mode: str, pss_gb: float, wall_s: float, exit_code: int) -> str:
@@ -349,7 +351,7 @@ def to_row(target: Target, mode: str, figures: dict, load: float = math.nan, at:
         target.name, mode, pss, figures["peak_rss"] / GB, figures["largest_process"] / GB,
         figures["processes_at_peak"], wall, code, verdict,
         figures["unreadable"], figures["unreadable_rss"] / GB, figures["left_behind"], load, at,
-        figures.get("cpu", math.nan),
+        figures.get("cpu", math.nan), figures.get("processor", ""),
     )  # fmt: skip
 
 
@@ -390,7 +392,15 @@ def read_rows(path: Path) -> list[Row]:
     types = {f.name: f.type for f in Row.__dataclass_fields__.values()}
     cast = {"int": int, "float": float, "str": str}
     with open(path, newline="") as fh:
-        return [Row(**{k: cast[types[k]](v) for k, v in r.items()}) for r in csv.DictReader(fh)]
+        # a column a later version added is missing from older files: the field's default
+        return [Row(**{k: cast[types[k]](v) for k, v in r.items() if k in types})
+                for r in csv.DictReader(fh)]  # fmt: skip
+
+
+def cpu_model() -> str:
+    """The processor's model name, as /proc/cpuinfo gives it ("" where it gives none)."""
+    with open("/proc/cpuinfo") as fh:
+        return next((line.split(":", 1)[1].strip() for line in fh if "model name" in line), "")
 
 
 def machine_facts() -> dict[str, object]:
@@ -401,12 +411,18 @@ def machine_facts() -> dict[str, object]:
 
     with open("/proc/meminfo") as fh:
         total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
-    model = ""
-    with open("/proc/cpuinfo") as fh:
-        model = next((line.split(":", 1)[1].strip() for line in fh if "model name" in line), "")
-    return {"cores": os.cpu_count(), "ram_gb": round(total / GB, 1), "cpu": model,
+    return {"cores": os.cpu_count(), "ram_gb": round(total / GB, 1), "cpu": cpu_model(),
             "kernel": platform.release(), "python": platform.python_version(),
             "torch": torch.__version__}  # fmt: skip
+
+
+def processors(rows: Sequence[Row]) -> str:
+    """A sentence naming each processor the rows were measured on, if more than one."""
+    count = collections.Counter(r.processor or "unrecorded" for r in rows)
+    if len(count) < 2:
+        return ""
+    each = ", ".join(f"{n} on {cpu}" for cpu, n in count.most_common())
+    return f" The rows were measured on {len(count)} processors ({each}: `memory.csv`, processor)."
 
 
 def summary_markdown(rows: Sequence[Row], facts: dict[str, object], commands: list[str]) -> str:
@@ -424,7 +440,7 @@ def summary_markdown(rows: Sequence[Row], facts: dict[str, object], commands: li
         markdown(rows),
         "",
         f"Machine: {facts['cores']} cores, {facts['ram_gb']} GB RAM, {facts['cpu']}; Linux "
-        f"{facts['kernel']}, Python {facts['python']}, torch {facts['torch']}.",
+        f"{facts['kernel']}, Python {facts['python']}, torch {facts['torch']}." + processors(rows),
         "",
         f"The 1-minute load average as the targets started: {min(loads):.1f}–{max(loads):.1f}"
         " (`memory.csv`); above the core count the machine was shared with other jobs. PSS"
@@ -506,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                 target.command(args.mode, Path(tmp)), environment(args.mode), args.interval,
                 cwd=target.cwd(), output=output,
             )  # fmt: skip
-            row = to_row(target, args.mode, figures, load, at)
+            row = to_row(target, args.mode, figures | {"processor": cpu_model()}, load, at)
             rows.append(row)
             peaks[(target.name, args.mode)] = figures.get("at_peak", [])
             kept = Path(tmp) / "reproduce"

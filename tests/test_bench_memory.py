@@ -124,3 +124,23 @@ def test_a_results_folder_merges_targets_and_replaces_one_measured_again(bench, 
     assert "| 07_large_batch | quick | 0.70 |" in summary
     assert "1.0–3.0" in summary and "    cmd a\n    cmd b\n" in summary
     assert (tmp_path / "machine.json").exists()
+
+
+def test_each_row_names_its_processor_and_older_files_read_without_the_column(bench, tmp_path):
+    def row(target: str, processor: str) -> object:
+        return bench.Row(target, "quick", 1.0, 1.1, 0.5, 3, 12.0, 0, "—", 0, 0.0, 0, 1.0,
+                         "2026-01-01T00:00:00Z", 20.0, processor)  # fmt: skip
+
+    rows = [row("reproduce", "AMD EPYC"), row("07_large_batch", "Intel(R) Xeon(R) Processor")]
+    bench.write_csv(rows, tmp_path / "memory.csv")
+    assert bench.read_rows(tmp_path / "memory.csv") == rows
+    older = tmp_path / "older.csv"  # written before the processor column existed
+    lines = (tmp_path / "memory.csv").read_text().splitlines()
+    older.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")
+    assert [r.processor for r in bench.read_rows(older)] == ["", ""]
+    assert bench.processors(rows[:1]) == ""  # one processor: the Machine line says which
+    assert bench.processors(rows) == (
+        " The rows were measured on 2 processors (1 on AMD EPYC, 1 on Intel(R) Xeon(R)"
+        " Processor: `memory.csv`, processor)."
+    )
+    assert bench.cpu_model() == bench.machine_facts()["cpu"]
