@@ -304,3 +304,18 @@ def test_label_skewed_shards_train_end_to_end():
     ]
     # 2 label-sorted chunks per worker, each spanning 1-3 of the 10 classes (IID shards see all).
     assert max(classes) <= 6
+
+
+def test_a_scaling_sweep_too_large_for_its_data_fails_before_any_run():
+    from scaledl_lab.studies.scaling import scaling_sweep
+
+    base = ExperimentConfig(strategy="allreduce", runtime="sim", model="mlp", **SMALL)
+    # 2,400 samples: 32 workers × batch 32 make two steps an epoch, and the sweep times 4
+    with pytest.raises(ValueError) as err:
+        scaling_sweep(base, workers=(1, 32), steps=4)
+    assert str(err.value) == (
+        "scaling sweep: 10gbe/32w takes 2 training step(s) of the 4 asked (one epoch of 2,400 "
+        "samples, 32 workers × batch 32 a step); give it at least 4,096 training samples"
+    )
+    table = scaling_sweep(base, workers=(1, 2), settings={"10gbe": {"network": "10gbe"}}, steps=3)
+    assert table.workers.tolist() == [1, 2] and table.speedup.iloc[0] == pytest.approx(1.0)

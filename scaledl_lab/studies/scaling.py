@@ -22,6 +22,7 @@ from ..analysis import TRAFFIC, method_label, traffic_table
 from ..config import ExperimentConfig, check_resources
 from ..experiment import compare
 from ..training.launch import check_data
+from ..training.plan import load_for, total_steps
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KIND_COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#CCCCCC"}
@@ -67,6 +68,13 @@ def scaling_sweep(
     for _, cfg in runs:  # every config checked before the first run starts, as compare() does
         check_resources(cfg)
         check_data(cfg)
+        if (have := total_steps(cfg)) < max(steps, 2):  # one epoch, N × batch samples a step
+            raise ValueError(
+                f"scaling sweep: {cfg.label} takes {have} training step(s) of the {steps} asked "
+                f"(one epoch of {len(load_for(cfg).train):,} samples, {cfg.workers} workers × "
+                f"batch {cfg.batch_size} a step); give it at least "
+                f"{max(steps, 2) * cfg.workers * cfg.batch_size:,} training samples"
+            )
     records = []
     for setting, cfg in runs:
         # One run at a time, its weights (every worker's, 4.8 MB each for the CNN) dropped
