@@ -45,9 +45,16 @@ def test_the_readme_memory_table_quotes_the_committed_table():
     measured = _measured()
     rows = _readme_rows()
     assert len(rows) >= 9  # reproduce and the eight notebooks in quick mode at least
-    for what, pss, largest, *_ in rows:
+    for what, pss, largest, wall, budget in rows:
         row = measured[_target(what)]
         assert (pss, largest) == (_gb(row["peak_pss_gb"]), _gb(row["largest_process_gb"])), what
+        # the wall time, idle or the load it ran under, and on which processor
+        load = float(row["load_at_start"])
+        where = "idle" if load < 1 else f"load {load:.0f}"
+        cpu = " ".join(row["processor"].replace("(R)", "").split()[:2])  # "Intel Xeon"
+        assert wall == f"{float(row['wall_s']):.0f} s ({where}, {cpu})", what
+        failed = f"failed (exit {row['exit_code']})"
+        assert budget == (row["budget"] if row["exit_code"] == "0" else failed), what
     quick = {key for key in measured if key[1] == "quick"}
     assert quick <= {_target(r[0]) for r in rows}  # every quick measurement is in the README
 
