@@ -193,26 +193,36 @@ def test_every_link_delivers_in_the_order_its_receiver_needs(p):
         assert channels.receives(zb_h1(p, m)) == channels.messages(zb_h1(p, m))
 
 
-def test_the_inbox_keeps_an_early_message_until_its_operation_runs():
+@pytest.mark.parametrize("ahead", [True, False], ids=["posted ahead", "posted when due"])
+def test_the_inbox_keeps_an_early_message_until_its_operation_runs(ahead):
     class Link:  # one FIFO link, as gloo's and the simulator's point-to-point messages
-        def __init__(self, sent):
-            self.sent = list(sent)
+        posts_ahead = ahead
 
-        async def recv(self, tensor, src):
-            return tensor.copy_(self.sent.pop(0))
+        def __init__(self, sent):
+            self.sent, self.posted = list(sent), 0
+
+        def irecv(self, tensor, src):
+            self.posted += 1
+            sent = self.sent
+
+            class Posted:  # received in the order posted
+                async def wait(self):
+                    return tensor.copy_(sent.pop(0))
+
+            return Posted()
 
     order = [(F, 0, 1), (B, 0, 1), (F, 1, 1)]
     values = {key: torch.full((2,), float(i)) for i, key in enumerate(order)}
-    inbox = channels.Inbox(
-        Link(values[k] for k in order), {5: order}, lambda k: (2,), torch.float64
-    )
+    link = Link(values[k] for k in order)
+    inbox = channels.Inbox(link, {5: order}, lambda k: (2,), torch.float64)
+    assert link.posted == (3 if ahead else 0)  # every receive of the step, at its start
 
     async def take_out_of_order():
         return [await inbox.take(key, 5) for key in [(F, 1, 1), (F, 0, 1), (B, 0, 1)]]
 
     got = asyncio.run(take_out_of_order())
     assert [t[0].item() for t in got] == [2.0, 0.0, 1.0]
-    assert inbox.early == {}
+    assert inbox.early == {} and link.posted == 3
 
 
 def test_a_run_counts_its_messages():

@@ -132,6 +132,11 @@ class Mailbox:
 class Comm(abc.ABC):
     """What a worker may do with its peers. Every method is awaited, so a runtime may suspend."""
 
+    # Whether receives may be posted long before this rank's own sends to the same peer (gloo
+    # and the simulator match each in order, apart; NCCL runs a pair's sends and receives on
+    # one stream, where a posted receive holds the sends behind it).
+    posts_ahead = True
+
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size

@@ -75,6 +75,7 @@ class TorchComm(Comm):
         super().__init__(rank, world_size)
         # NCCL moves device tensors only; None: every tensor goes as it is (gloo, CPU).
         self.device = device if device is not None and device.type == "cuda" else None
+        self.posts_ahead = self.device is None  # gloo; not NCCL (see Comm.posts_ahead)
         self.before_exit = before_exit  # ships the rows logged so far
         # Runs that go on when a worker dies: the driver's list of lost ranks, and ours.
         self.lost_view = LostRanks(lost_ranks) if lost_ranks else None

@@ -10,6 +10,11 @@ Point-to-point messages between two ranks arrive in the order they were sent (gl
 simulator's alike), so :class:`Inbox` takes them in that order and keeps an early one until its
 operation runs: no tags, and no receive waits for a message sent after the one it needs.
 
+Where the runtime allows it (:attr:`Comm.posts_ahead`: gloo, the simulator) the inbox posts
+every receive of the step when the step starts: gloo moves a message only once its receive is
+posted, so a receive posted when its operation is due would put the whole transfer of every
+hand-over on the pipeline's critical path; posted ahead, it lands while the receiver computes.
+
 A message is keyed ``(phase, micro-batch, virtual stage)``: ``("F", m, v)`` is the input of
 virtual stage v, ``("B", m, v)`` the gradient of its output.
 """
@@ -21,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...runtime.base import Comm
+from ...runtime.base import Comm, Incoming
 from .schedules import Op, chunks
 
 Key = tuple[str, int, int]  # (phase, micro-batch, virtual stage of the receiver)
@@ -79,15 +84,23 @@ class Inbox:
         self.comm, self.shape_of, self.dtype = comm, shape_of, dtype
         self.queues = {src: deque(keys) for src, keys in expected.items()}
         self.early: dict[Key, torch.Tensor] = {}
+        self.posted: dict[int, deque[Incoming]] = {src: deque() for src in expected}
+        if comm.posts_ahead:
+            for src, keys in self.queues.items():
+                self.posted[src].extend(self._post(key, src) for key in keys)
+
+    def _post(self, key: Key, src: int) -> Incoming:
+        return self.comm.irecv(torch.empty(self.shape_of(key), dtype=self.dtype), src)
 
     async def take(self, key: Key, src: int) -> torch.Tensor:
         """The message ``key`` from ``src``; those ``src`` sent before it are kept for later."""
         if key in self.early:
             return self.early.pop(key)
-        queue = self.queues[src]
+        queue, posted = self.queues[src], self.posted[src]
         while True:
             first = queue.popleft()
-            buffer = await self.comm.recv(torch.empty(self.shape_of(first), dtype=self.dtype), src)
+            incoming = posted.popleft() if posted else self._post(first, src)
+            buffer = await incoming.wait()
             if first == key:
                 return buffer
             self.early[first] = buffer
