@@ -21,21 +21,21 @@ processes (one-way: half the round trip), the transport alone.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 from scaledl_lab import ExperimentConfig, run
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask.cluster import connect
-from scaledl_lab.runtime.memory import keep_freed_memory
 from scaledl_lab.strategies.model_parallel.partition import boundary_shapes, layers
 from scaledl_lab.strategies.model_parallel.schedules import replay, schedule
 from scaledl_lab.training.worker import load_for
@@ -43,6 +43,7 @@ from scaledl_lab.training.worker import load_for
 DATA = dict(dataset="fashion-mnist", train_subset=20_000, test_subset=100, val_size=100)
 STAGES = 2
 MS = 1e3
+BENCH_PIPELINE = Path(__file__).with_name("bench_pipeline.py")
 
 
 def config(micro_batches: int, batch: int, steps: int) -> ExperimentConfig:
@@ -53,26 +54,12 @@ def config(micro_batches: int, batch: int, steps: int) -> ExperimentConfig:
 
 
 def plain_step(batch: int, steps: int) -> float:
-    """Median seconds of one plain single-thread training step on the whole batch."""
-    cfg = config(1, batch, steps)
-    data = load_for(cfg)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    keep_freed_memory()
-    try:
-        model = build_model("cnn", data.input_shape, data.num_classes, seed=0)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        times = []
-        for i in range(steps):
-            idx = torch.arange(i * batch, (i + 1) * batch) % len(data.train)
-            start = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
-            opt.step()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[1:])
-    finally:
-        torch.set_num_threads(threads)
+    """Seconds of one plain single-thread training step on the whole batch: the loop of
+    ``bench_pipeline.py``, which times the same model on the same batches."""
+    spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH_PIPELINE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return batch / module.plain(batch, steps)
 
 
 def decompose(events: pd.DataFrame, micro_batches: int) -> dict[str, float]:
