@@ -10,10 +10,12 @@ Point-to-point messages between two ranks arrive in the order they were sent (gl
 simulator's alike), so :class:`Inbox` takes them in that order and keeps an early one until its
 operation runs: no tags, and no receive waits for a message sent after the one it needs.
 
-Where the runtime allows it (:attr:`Comm.posts_ahead`: gloo, the simulator) the inbox posts
-every receive of the step when the step starts: gloo moves a message only once its receive is
-posted, so a receive posted when its operation is due would put the whole transfer of every
+Where the runtime allows it (:attr:`Comm.posts_ahead`: gloo, the simulator) the inbox keeps
+the next ``ahead`` receives from each sender posted: gloo moves a message only once its receive
+is posted, so a receive posted when its operation is due would put the whole transfer of every
 hand-over on the pipeline's critical path; posted ahead, it lands while the receiver computes.
+Each posted receive holds a buffer, so the pipeline posts as many as its schedule stashes
+micro-batches (:func:`.schedules.in_flight`: M for GPipe, p − stage for 1F1B), no more.
 
 A message is keyed ``(phase, micro-batch, virtual stage)``: ``("F", m, v)`` is the input of
 virtual stage v, ``("B", m, v)`` the gradient of its output.
@@ -78,28 +80,39 @@ class Inbox:
         expected: dict[int, list[Key]],
         shape_of: Callable[[Key], torch.Size],
         dtype: torch.dtype,
+        ahead: int = 0,
     ) -> None:
         """``expected``: per sender, its messages to this worker in order; ``shape_of``: a
-        message's shape (the receiver's input or output shape)."""
+        message's shape (the receiver's input or output shape); ``ahead``: receives to keep
+        posted per sender (where :attr:`Comm.posts_ahead`)."""
         self.comm, self.shape_of, self.dtype = comm, shape_of, dtype
-        self.queues = {src: deque(keys) for src, keys in expected.items()}
+        self.queues = {src: deque(keys) for src, keys in expected.items()}  # not yet posted
+        self.posted: dict[int, deque[tuple[Key, Incoming]]] = {src: deque() for src in expected}
         self.early: dict[Key, torch.Tensor] = {}
-        self.posted: dict[int, deque[Incoming]] = {src: deque() for src in expected}
-        if comm.posts_ahead:
-            for src, keys in self.queues.items():
-                self.posted[src].extend(self._post(key, src) for key in keys)
+        self.ahead = ahead if comm.posts_ahead else 0
+        for src in self.queues:
+            self._refill(src)
 
     def _post(self, key: Key, src: int) -> Incoming:
         return self.comm.irecv(torch.empty(self.shape_of(key), dtype=self.dtype), src)
+
+    def _refill(self, src: int) -> None:
+        queue, posted = self.queues[src], self.posted[src]
+        while queue and len(posted) < self.ahead:
+            key = queue.popleft()
+            posted.append((key, self._post(key, src)))
 
     async def take(self, key: Key, src: int) -> torch.Tensor:
         """The message ``key`` from ``src``; those ``src`` sent before it are kept for later."""
         if key in self.early:
             return self.early.pop(key)
-        queue, posted = self.queues[src], self.posted[src]
         while True:
-            first = queue.popleft()
-            incoming = posted.popleft() if posted else self._post(first, src)
+            if self.posted[src]:
+                first, incoming = self.posted[src].popleft()
+            else:
+                first = self.queues[src].popleft()
+                incoming = self._post(first, src)
+            self._refill(src)  # the next ones posted before this one is waited for
             buffer = await incoming.wait()
             if first == key:
                 return buffer

@@ -132,7 +132,8 @@ class Stage:
         """Run this stage's schedule on one mini-batch; return the replica's loss and hits."""
         cfg, comm = self.ctx.config, self.comm
         xs, ys = x.split(self.micro), y.split(self.micro)
-        inbox = channels.Inbox(comm, self._expected_ranks(), self._shape_of, cfg.dtype)
+        inbox = channels.Inbox(comm, self._expected_ranks(), self._shape_of, cfg.dtype,
+                               ahead=schedules.in_flight(self.ops))  # fmt: skip
         stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         waiting_w: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         sends: list[Pending] = []
