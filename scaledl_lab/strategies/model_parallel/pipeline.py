@@ -96,6 +96,7 @@ class Stage:
         schedule = schedules.schedule(cfg.strategy, self.stages, cfg.micro_batches, self.virtual)
         self.ops = schedule[self.index]
         self.splits_backward = any(op[0] == "W" for op in self.ops)  # B (input) and W (weights)
+        self.ahead = schedules.in_flight(self.ops)  # receives kept posted: as many as it stashes
         sent = channels.messages(schedule)
         self.expected = {src: keys for (src, dst), keys in sent.items() if dst == self.index}
         # Groups (every rank creates every group, in the same order): each replica's pipeline,
@@ -132,8 +133,7 @@ class Stage:
         """Run this stage's schedule on one mini-batch; return the replica's loss and hits."""
         cfg, comm = self.ctx.config, self.comm
         xs, ys = x.split(self.micro), y.split(self.micro)
-        inbox = channels.Inbox(comm, self._expected_ranks(), self._shape_of, cfg.dtype,
-                               ahead=schedules.in_flight(self.ops))  # fmt: skip
+        inbox = channels.Inbox(comm, self._expected_ranks(), self._shape_of, cfg.dtype, self.ahead)
         stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         waiting_w: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         sends: list[Pending] = []
