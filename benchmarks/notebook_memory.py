@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import gc
 import io
 import os
 import sys
 import time
 from pathlib import Path
+
+from scaledl_lab.runtime.memory import hand_back_memory
 
 GB = 1e9
 
@@ -42,10 +43,9 @@ def resident() -> tuple[float, float]:
 
 
 def settle() -> float:
-    """Collect garbage, return free memory to the OS (glibc), and read the RSS."""
+    """Collect garbage, return free memory to the OS (the lab's own hand-back), read the RSS."""
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    hand_back_memory()
     return resident()[0]
 
 

@@ -40,26 +40,32 @@ from scaledl_lab.strategies.model_parallel.partition import boundary_shapes, lay
 from scaledl_lab.strategies.model_parallel.schedules import replay, schedule
 from scaledl_lab.training.worker import load_for
 
-DATA = dict(dataset="fashion-mnist", train_subset=20_000, test_subset=100, val_size=100)
-STAGES = 2
 MS = 1e3
-BENCH_PIPELINE = Path(__file__).with_name("bench_pipeline.py")
+
+
+def _bench_pipeline():
+    """``bench_pipeline.py``, whose configs and plain loop this profile shares."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_pipeline", Path(__file__).with_name("bench_pipeline.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+BENCH = _bench_pipeline()
+STAGES = BENCH.STAGES
 
 
 def config(micro_batches: int, batch: int, steps: int) -> ExperimentConfig:
-    return ExperimentConfig(
-        strategy="gpipe", workers=STAGES, model="cnn", micro_batches=micro_batches,
-        batch_size=batch, max_steps=steps, balance="time", lr=0.05, momentum=0.9, **DATA,
-    )  # fmt: skip
+    """``bench_pipeline.py``'s GPipe of the CNN (balance by time)."""
+    return BENCH._config(micro_batches, batch, steps)
 
 
 def plain_step(batch: int, steps: int) -> float:
     """Seconds of one plain single-thread training step on the whole batch: the loop of
     ``bench_pipeline.py``, which times the same model on the same batches."""
-    spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH_PIPELINE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return batch / module.plain(batch, steps)
+    return batch / BENCH.plain(batch, steps)
 
 
 def decompose(events: pd.DataFrame, micro_batches: int) -> dict[str, float]:
