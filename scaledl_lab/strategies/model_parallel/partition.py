@@ -116,21 +116,27 @@ def parse_balance(balance: str, layer_total: int, stages: int) -> list[int] | No
 
 
 def measure_layer_times(
-    model_layers: Sequence[nn.Module], sample: torch.Tensor, repeats: int = 3
+    model_layers: Sequence[nn.Module], sample: torch.Tensor, repeats: int = 5
 ) -> list[float]:
-    """Median seconds of forward + backward of each layer on ``sample`` (balance by time)."""
+    """Median seconds of forward + backward of each layer on ``sample`` (balance by time).
+
+    Each layer runs once untimed first (a kernel's first call pays its set-up: a one-off
+    of several forwards would otherwise decide the split), then ``repeats`` timed runs. The
+    first layer's input needs no gradient, as on a pipeline's first stage."""
     times = []
     x = sample
-    for layer in model_layers:
+    for i, layer in enumerate(model_layers):
         runs = []
-        for _ in range(repeats):
-            inp = x.detach().requires_grad_(x.is_floating_point())
+        for _ in range(repeats + 1):
+            inp = x.detach().requires_grad_(i > 0 and x.is_floating_point())
             start = time.perf_counter()
             out = layer(inp)
-            out.backward(torch.ones_like(out))
+            if out.requires_grad:
+                out.backward(torch.ones_like(out))
             runs.append(time.perf_counter() - start)
         layer.zero_grad(set_to_none=True)
-        times.append(sorted(runs)[len(runs) // 2])
+        runs = sorted(runs[1:])
+        times.append(runs[len(runs) // 2])
         with torch.no_grad():
             x = layer(x)
     return times
