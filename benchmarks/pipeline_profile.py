@@ -1,5 +1,6 @@
-"""Where a real 2-stage pipeline's step goes, against one plain process: GPipe of the CNN on 2 Dask
-workers (one thread each), from its events table, beside the raw cost of one hand-over.
+"""Where a real 2-stage pipeline's step goes, against one plain process: GPipe of the CNN (or
+ResNet-18) on 2 Dask workers (one thread each), from its events table, beside the raw cost of
+one hand-over.
 
 The measured step (median over the steps after the first) is taken apart into:
 
@@ -15,7 +16,8 @@ its own op starting, where it had nothing else to do (each step's first forward 
 first backward on stage 0), beside a gloo ping-pong of the same activation between two fresh
 processes (one-way: half the round trip), the transport alone.
 
-    python benchmarks/pipeline_profile.py [--micro-batches 8] [--batch 64] [--steps 30]
+    python benchmarks/pipeline_profile.py [--model cnn] [--micro-batches 8] [--batch 64]
+        [--steps 30]
 """
 
 from __future__ import annotations
@@ -57,15 +59,15 @@ BENCH = _bench_pipeline()
 STAGES = BENCH.STAGES
 
 
-def config(micro_batches: int, batch: int, steps: int) -> ExperimentConfig:
-    """``bench_pipeline.py``'s GPipe of the CNN (balance by time)."""
-    return BENCH._config(micro_batches, batch, steps)
+def config(micro_batches: int, batch: int, steps: int, model: str = "cnn") -> ExperimentConfig:
+    """``bench_pipeline.py``'s GPipe of the model (balance by time)."""
+    return BENCH._config(micro_batches, batch, steps, model=model)
 
 
-def plain_step(batch: int, steps: int) -> float:
+def plain_step(batch: int, steps: int, model: str = "cnn") -> float:
     """Seconds of one plain single-thread training step on the whole batch: the loop of
     ``bench_pipeline.py``, which times the same model on the same batches."""
-    return batch / BENCH.plain(batch, steps)
+    return batch / BENCH.plain(batch, steps, model)
 
 
 def decompose(events: pd.DataFrame, micro_batches: int) -> dict[str, float]:
@@ -132,26 +134,27 @@ def transport(shape: tuple[int, ...], rounds: int = 50) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(BENCH.MODELS), default="cnn")
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
-    m, batch = args.micro_batches, args.batch
-    cfg = config(m, batch, args.steps)
+    m, batch, model = args.micro_batches, args.batch, args.model
+    cfg = config(m, batch, args.steps, model)
     with connect(STAGES, dashboard=False, log=None) as client:
         res = run(cfg, client=client, progress=False)
     parts = decompose(res.events, m)
-    plain = plain_step(batch, args.steps)
+    plain = plain_step(batch, args.steps, model)
     first_layers = next(o["layers"] for o in res.outputs[cfg.label] if o["stage"] == 0)
     data = load_for(cfg)
-    net = build_model("cnn", data.input_shape, data.num_classes, seed=0)
+    net = build_model(model, data.input_shape, data.num_classes, seed=0)
     sample = torch.zeros(batch // m, *data.input_shape)
     shape = tuple(boundary_shapes(layers(net), sample)[first_layers - 1])
     one_way = transport(shape)
     hand = parts["step"] - parts["replayed"]
-    print(f"GPipe, CNN in {STAGES} stages (balance by time, stage 0: {first_layers} layers), "
-          f"batch {batch}, M = {m}, on {STAGES} Dask workers x 1 thread; medians over "
-          f"{args.steps - 1} steps")  # fmt: skip
+    print(f"GPipe, {BENCH.MODELS[model]} in {STAGES} stages (balance by time, stage 0: "
+          f"{first_layers} layers), batch {batch}, M = {m}, on {STAGES} Dask workers x 1 "
+          f"thread; medians over {args.steps - 1} steps")  # fmt: skip
     rows = [
         ("plain process, whole batch", plain),
         ("pipeline step, measured", parts["step"]),
