@@ -102,6 +102,12 @@ def test_bad_config_exits_with_message(capsys):
     assert "scaledl-lab: error: model='vgg' is unknown; allowed:" in err
 
 
+def test_bench_passes_its_options_to_the_named_script(capfd):
+    assert main(["bench", "pipeline", "--help"]) == 0
+    out = capfd.readouterr().out
+    assert "== bench_pipeline ==" in out and "--model {cnn,resnet18}" in out
+
+
 def test_unknown_benchmark(capsys):
     assert main(["bench", "nope"]) == 2
     assert (

@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     plan_cli.add_plan(sub, run)  # memory and step time of a run, without training
     bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
     bench.add_argument("name", nargs="?", default=None)
+    bench.add_argument(
+        "args", nargs=argparse.REMAINDER, help="passed to the named benchmark's script"
+    )
     return p
 
 
@@ -143,7 +146,7 @@ def _cmd_data(args: argparse.Namespace) -> None:
             print(f"  how to get it: {info['how_to_get']}")
 
 
-def _cmd_bench(name: str | None) -> int:
+def _cmd_bench(name: str | None, args: Sequence[str] = ()) -> int:
     if not BENCH_DIR.is_dir():
         print(
             f"benchmarks/ not found beside the package ({BENCH_DIR}); run from a checkout",
@@ -165,7 +168,7 @@ def _cmd_bench(name: str | None) -> int:
     status = 0
     for script in scripts:
         print(f"== {script.stem} ==", flush=True)
-        status |= subprocess.call([sys.executable, str(script)])
+        status |= subprocess.call([sys.executable, str(script), *args])
     return status
 
 
@@ -227,7 +230,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "list": lambda args: _cmd_list(),
     "data": _cmd_data,
     "calibrate": _cmd_calibrate,
-    "bench": lambda args: _cmd_bench(args.name),
+    "bench": lambda args: _cmd_bench(args.name, args.args),
     "analyse": large_batch.cmd_analyse,
     "plan": lambda args: plan_cli.cmd_plan(args, _config_from_args(args)),
     "run": _cmd_run,
