@@ -245,6 +245,18 @@ def test_stages_give_the_parameters_of_pytorchs_own(strategy, kind, optimizer, c
     assert max_diff(theirs, _initial(cfg)) > 1e-3
 
 
+def test_zero3_in_bfloat16_gives_the_parameters_of_fsdp2_mixed_precision():
+    """zero3 with --precision bfloat16 against fully_shard with MixedPrecisionPolicy (bfloat16
+    compute and reduce-scatter, float32 shards stepped by Adam, float32 logits), its shards
+    started from the 16-bit weights as the lab's masters are: 30 steps, the same bits."""
+    cfg = _zero_cfg("zero3", "sim", max_steps=30, precision="bfloat16", **ADAM)
+    lab = run(cfg, progress=False).state_dict()
+    theirs = train_with_pytorch(cfg, "fully-shard")
+    assert all(v.dtype == torch.bfloat16 for v in theirs.values())
+    assert max_diff(lab, theirs) == 0.0
+    assert max_diff(theirs, _initial(cfg)) > 1e-3
+
+
 # -- errors before any work -----------------------------------------------------------------
 
 
@@ -266,6 +278,16 @@ def test_compression_is_refused():
 def test_pytorch_comparison_refuses_an_unknown_kind():
     with pytest.raises(ConfigError, match="kind='ddp' is unknown"):
         train_with_pytorch(_zero_cfg("zero1", "sim"), "ddp")
+
+
+@pytest.mark.parametrize(
+    ("precision", "kind"),
+    [("float16", "fully-shard"), ("bfloat16", "zero-redundancy")],
+)
+def test_pytorch_comparison_refuses_a_precision_without_a_twin(precision, kind):
+    cfg = _zero_cfg("zero3", "sim", precision=precision)
+    with pytest.raises(ConfigError, match=f"precision='{precision}' has no PyTorch twin here"):
+        train_with_pytorch(cfg, kind)
 
 
 def test_a_killed_worker_stops_a_zero_run():

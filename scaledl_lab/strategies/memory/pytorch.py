@@ -4,6 +4,13 @@ rank stepping the whole parameters it owns, then broadcasting them) and stage 3 
 ``torch.distributed.fsdp.fully_shard`` on every layer and the root. Each runs on a gloo group
 of ``cfg.workers`` spawned CPU processes, one thread each, with the lab's data order, initial
 weights and optimiser (:func:`train_with_pytorch`).
+
+With ``precision="bfloat16"`` FSDP2 runs its own mixed precision (``MixedPrecisionPolicy``:
+float32 shards stepped by the optimiser, each layer gathered, computed and its gradients
+reduce-scattered in bfloat16, the output cast to float32 for the loss), the lab's master-weight
+scheme (:mod:`scaledl_lab.training.precision`); its state is returned as the lab's is, the
+masters rounded to bfloat16. ``ZeroRedundancyOptimizer`` keeps no master weights, and float16
+would need FSDP's sharded gradient scaler: both are refused.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from ...config import ExperimentConfig
 from ...errors import ConfigError
 from ...objective import model_input
 from ...training.ledger import nbytes
+from ...training.precision import is_low
 from ...training.reference import worker_batches
 from ...training.worker import load_for, make_optimizer, total_steps
 from ..model_parallel.partition import layers
@@ -45,6 +53,12 @@ def run_pytorch(cfg: ExperimentConfig, kind: str) -> dict[str, Any]:
         raise ConfigError(f"kind={kind!r} is unknown; allowed: {', '.join(KINDS)}")
     if cfg.optimizer not in _CLASSES or cfg.lr_schedule != "constant":
         raise ConfigError("the PyTorch comparison runs SGD, Adam or AdaGrad at a constant rate")
+    if cfg.precision == "float16" or (cfg.precision == "bfloat16" and kind != "fully-shard"):
+        raise ConfigError(
+            f"precision={cfg.precision!r} has no PyTorch twin here: mixed precision is compared "
+            "in bfloat16 with kind='fully-shard' (FSDP2's MixedPrecisionPolicy); "
+            "ZeroRedundancyOptimizer keeps no float32 master weights"
+        )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -76,6 +90,14 @@ def _held(model: torch.nn.Module, optimizer: Any, kind: str) -> dict[str, int]:
     }
 
 
+def _policy(dtype: torch.dtype) -> Any:
+    """FSDP2's mixed precision as the lab's: compute and reduce in ``dtype``, the output (the
+    logits) cast to float32 for the loss."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=torch.float32)
+
+
 _CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad}
 
 
@@ -101,6 +123,9 @@ def _rank(rank: int, cfg: ExperimentConfig, kind: str, port: int, out_dir: str) 
         data = load_for(cfg)
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
         model = prepare_model(cfg, model).to(cfg.dtype)
+        mixed = is_low(cfg.precision)
+        if mixed:  # FSDP2 keeps float32 shards, the masters: the lab's start from 16 bits
+            model = model.to(torch.float32)
         if kind == "zero-redundancy":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -112,10 +137,12 @@ def _rank(rank: int, cfg: ExperimentConfig, kind: str, port: int, out_dir: str) 
             from torch.distributed.fsdp import fully_shard
 
             mesh = init_device_mesh("cpu", (world,))
+            policy = _policy(cfg.dtype) if mixed else None
+            extra = {"mp_policy": policy} if policy is not None else {}
             for layer in layers(model):
                 if any(True for _ in layer.parameters()):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                    fully_shard(layer, mesh=mesh, **extra)
+            fully_shard(model, mesh=mesh, **extra)
             optimizer = make_optimizer(cfg, model.parameters())
         batches = worker_batches(cfg, data, rank, epochs=cfg.epochs)
         times = []
@@ -134,6 +161,8 @@ def _rank(rank: int, cfg: ExperimentConfig, kind: str, port: int, out_dir: str) 
         state = {
             k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in model.state_dict().items()
         }
+        if mixed:  # the lab's model holds the masters rounded to 16 bits
+            state = {k: v.to(cfg.dtype) if v.is_floating_point() else v for k, v in state.items()}
         if rank == 0:
             state = {k: v.detach().clone() for k, v in state.items()}
             saved = {"state": state, "step_s": times, "memory": memory}
