@@ -365,8 +365,8 @@ def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     in the middle of the run as its gradients grow, and each is skipped while 2**16 comes down:
     in a run this short (31 steps per worker, still in its unsteady first epoch) the skips send
     it down another path (measured: 3 skipped, -13 points), so this case states its scale. The
-    dynamic scale's claim is decided on runs five times as long, over three seeds, in the
-    committed study (results/precision/: 2 of 156 steps skipped, -0.48 points)."""
+    dynamic scale's claim is decided on runs five times as long, over six seeds, in the
+    committed study (results/precision/: 2 to 4 of 156 steps skipped, -0.07 points)."""
     from scaledl_lab.strategies.memory.precision_study import compare_precisions
 
     cfg, test = _claim_cfg("cnn")
@@ -441,6 +441,9 @@ def test_the_committed_precision_study_renders_from_its_runs():
     assert sorted(runs["seed"].unique()) == list(study.STUDY_SEEDS)
     text = (PRECISION_RESULTS / "summary.md").read_text()
     assert text[text.index("## Verdicts") :] == "\n".join(study.study_verdict_section(runs)) + "\n"
+    claims = study.study_verdicts(runs)
+    assert [c.key for c in claims] == ["mlp-bfloat16", "mlp-float16", "cnn-bfloat16", "cnn-float16"]
+    assert all(c.supported for c in claims), [c.reason for c in claims]  # the issue's claim
     scales = pd.read_csv(PRECISION_RESULTS / "scales.csv")
     for name, history in scales.groupby("run"):
         model, rest = name.split(" ", 1)

@@ -123,7 +123,7 @@ def compare_precisions(
 # -- the committed study: 16 bits against float32 over seeds, long enough to settle -----------
 
 STUDY_DOC = """The setting: 2 simulated workers, synchronous allreduce, SGD with momentum 0.9, one
-epoch of Fashion-MNIST, seeds 0-2; float32, bfloat16 and float16 with the dynamic loss scale
+epoch of Fashion-MNIST, seeds 0-5; float32, bfloat16 and float16 with the dynamic loss scale
 (from 2**16, halved on each overflow, as torch.amp.GradScaler), every run on the same batches.
 The MLP: 20,000 training samples, batch 64 per worker, lr 0.05 (156 steps per worker). The CNN:
 10,000 training samples, batch 32 per worker, lr 0.02 (156 steps per worker: five times the
@@ -132,7 +132,7 @@ on the 10,000 test samples. Quick mode: 2,000 training and 1,000 test samples.
 ``python -m scaledl_lab.strategies.memory.precision_study`` writes results/precision/ (``--out
 DIR`` elsewhere, ``--jobs N`` processes side by side)."""
 
-STUDY_SEEDS = (0, 1, 2)
+STUDY_SEEDS = (0, 1, 2, 3, 4, 5)
 STUDY_PRECISIONS = ("float32", "bfloat16", "float16")
 # model: (training samples, per-worker batch, lr)
 STUDY_SETTINGS = {"mlp": (20_000, 64, 0.05), "cnn": (10_000, 32, 0.02)}
