@@ -260,7 +260,7 @@ def write_study_summary(out: str | os.PathLike[str], runs: pd.DataFrame) -> Path
         low = r["lowest_scale"].min()
         cells = [model, precision, f"{r.test_accuracy.mean():.2%}", f"{r.test_accuracy.std():.2%}",
                  f"{points:+.2f}", f"{r.skipped_steps.mean():.1f}",
-                 f"2^{math.log2(low):.0f}" if low == low else "",
+                 "" if math.isnan(low) else f"2^{math.log2(low):.0f}",
                  f"{r.bytes_per_step.mean():,.0f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *study_verdict_section(runs)]
@@ -270,7 +270,9 @@ def write_study_summary(out: str | os.PathLike[str], runs: pd.DataFrame) -> Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=STUDY_DOC.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description="The mixed-precision study: 16 bits against float32 over seeds."
+    )
     parser.add_argument("--out", default="results/precision")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--jobs", type=int, default=1)
