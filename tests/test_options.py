@@ -80,7 +80,8 @@ def test_every_committed_config_json_reads_back_to_the_same_flat_keys():
         meta = json.loads(path.read_text())  # a results folder's runs, or kernel_drift's cases
         runs = meta.get("runs") or [c for cases in meta.get("cases", {}).values() for c in cases]
         saved_runs += [(path, run) for run in runs]
-    assert len({path for path, _ in saved_runs}) == 6
+    folders = {path.parent.relative_to(RESULTS).as_posix() for path, _ in saved_runs}
+    assert len(folders) == 7 and "precision" in folders, folders  # every committed study read
     for path, saved in saved_runs:
         flat = ExperimentConfig.from_dict(saved).to_dict()
         assert {k: flat[k] for k in saved} == saved, path  # newer fields: their defaults
