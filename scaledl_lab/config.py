@@ -294,6 +294,7 @@ def validate(cfg: ExperimentConfig) -> None:
         precision=PRECISIONS,
         server_transport=SERVER_TRANSPORTS,
     )
+    families.check_finite(cfg)  # inf and NaN pass a comparison (inf > 0): refused by name
     for names, what, holds in _NUMBERS:
         for name in names:
             if not holds(value := getattr(cfg, name)):

@@ -14,6 +14,7 @@ asking the records) and every layer above it may read them. The records are fill
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -284,6 +285,15 @@ def check(cfg: Any) -> None:
         family.check(cfg)
     for extra in _CHECKS:
         extra(cfg)
+
+
+def check_finite(cfg: Any) -> None:
+    """Every number a config field holds, the families' options among them, is finite: inf and
+    NaN pass range checks written as comparisons (``inf > 0``). ``loss_scale``'s own check
+    names its other value ('dynamic')."""
+    for name, value in cfg.to_dict().items():
+        if isinstance(value, float) and not math.isfinite(value) and name != "loss_scale":
+            raise ConfigError(f"{name}={value!r} must be a finite number")
 
 
 def prepare_model(cfg: Any, model: Any) -> Any:
