@@ -42,6 +42,18 @@ CAPABILITIES: dict[str, str] = {
     "of its 16-bit model",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
+# Each optimiser's own setting: what a run that names one other than its strategy family's trains
+# with, where it gives no rate, momentum or decay (momentum is SGD's and LARS's only).
+OPTIMISER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sgd": dict(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0),  # the lab's (DESIGN)
+    "adam": dict(optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0),  # Kingma & Ba 2015
+    "adamw": dict(optimizer="adamw", lr=1e-3, momentum=0.0, weight_decay=0.01),  # torch's
+    "adagrad": dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=0.0),  # torch's
+    # LARS's rate times its trust coefficient (0.001) is each layer's step relative to its norm:
+    # 1%, the large-batch study's LARS (lr 10); LAMB's coefficient is 1, so 0.1%
+    "lars": dict(optimizer="lars", lr=10.0, momentum=0.9, weight_decay=0.0),
+    "lamb": dict(optimizer="lamb", lr=1e-3, momentum=0.0, weight_decay=0.0),
+}
 
 
 def steps_or_text(text: str) -> int | str:
@@ -262,6 +274,16 @@ def optimiser_default(strategy: str) -> OptimiserDefault | None:
     if family is None:
         return None
     return next((d for d in family.optimisers if strategy in d.strategies), None)
+
+
+def optimiser_setting(strategy: str, optimizer: Any = None) -> dict[str, Any]:
+    """The values a config's optimiser fields take when left out: the strategy family's setting
+    (else SGD's own), unless the config names another optimiser, whose own setting applies."""
+    family = optimiser_default(strategy)
+    setting = dict(family.settings) if family is not None else dict(OPTIMISER_DEFAULTS["sgd"])
+    if not isinstance(optimizer, str) or optimizer == setting["optimizer"]:
+        return setting
+    return dict(OPTIMISER_DEFAULTS.get(optimizer, setting))  # unknown: the config names it
 
 
 def with_options() -> tuple[Family, ...]:

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from scaledl_lab import ConfigError, ExperimentConfig
-from scaledl_lab.cli import main
-from scaledl_lab.families import OPTIMISER_FIELDS
+from scaledl_lab.cli import _config_from_args, _parser, main
+from scaledl_lab.config import DEFAULT_OPTIMISER
+from scaledl_lab.families import OPTIMISER_DEFAULTS, OPTIMISER_FIELDS
 
 SIM = ["--runtime", "sim", "--workers", "2", "--model", "mlp"]
 
@@ -51,3 +52,41 @@ def test_python_refuses_them_too():
         ExperimentConfig(runtime="sim", lr=math.inf)
     with pytest.raises(ConfigError, match=r"^outer_lr=nan must be a finite number$"):
         ExperimentConfig(strategy="diloco", runtime="sim", model="mlp", outer_lr=math.nan)
+
+
+# -- an optimiser named brings its own rate and decay (item 7) --------------------------------
+
+
+def test_an_optimiser_other_than_the_familys_brings_its_own_setting(monkeypatch):
+    sim = dict(runtime="sim", workers=4, model="mlp")
+    diloco = ExperimentConfig(strategy="diloco", optimizer="sgd", **sim)
+    assert _setting(diloco) == DEFAULT_OPTIMISER  # not AdamW's 0.001 and decay 0.01
+    assert _setting(ExperimentConfig(strategy="diloco", **sim))["optimizer"] == "adamw"
+    nnt = ExperimentConfig(strategy="nnt", optimizer="adam", **sim)
+    assert _setting(nnt) == OPTIMISER_DEFAULTS["adam"]
+    assert _setting(nnt) == dict(optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0)
+    adamw = ExperimentConfig(optimizer="adamw", **sim)  # allreduce: the family is SGD's
+    assert (adamw.lr, adamw.weight_decay) == (1e-3, 0.01)
+    # The family's own optimiser named: the family's setting (NNT's AdaGrad: the paper's decay).
+    assert ExperimentConfig(strategy="nnt", optimizer="adagrad", **sim).weight_decay == 1e-4
+    # What is given stays given; the rest is the optimiser's.
+    given = ExperimentConfig(strategy="diloco", optimizer="sgd", lr=0.1, **sim)
+    assert _setting(given) == {**DEFAULT_OPTIMISER, "lr": 0.1}
+    assert given.resolved == frozenset({"momentum", "weight_decay"})
+    # replace(optimizer=...) refills what this config did not give, as a new strategy does.
+    assert _setting(ExperimentConfig().replace(optimizer="adam")) == OPTIMISER_DEFAULTS["adam"]
+    assert ExperimentConfig(lr=0.2).replace(optimizer="adam").lr == 0.2
+    # The CLI builds the same config.
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+    argv = ["run", "--strategy", "diloco", "--runtime", "sim", "--workers", "4", "--model", "mlp",
+            "--optimizer", "sgd"]  # fmt: skip
+    assert _config_from_args(_parser().parse_args(argv)) == diloco
+
+
+def test_every_optimiser_has_its_own_setting():
+    from scaledl_lab.contract import OPTIMIZERS
+
+    assert set(OPTIMISER_DEFAULTS) == set(OPTIMIZERS)
+    for name, setting in OPTIMISER_DEFAULTS.items():
+        assert setting["optimizer"] == name and set(setting) == set(OPTIMISER_FIELDS)
+        assert _setting(ExperimentConfig(runtime="sim", model="mlp", optimizer=name)) == setting
