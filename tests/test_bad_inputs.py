@@ -90,3 +90,21 @@ def test_every_optimiser_has_its_own_setting():
     for name, setting in OPTIMISER_DEFAULTS.items():
         assert setting["optimizer"] == name and set(setting) == set(OPTIMISER_FIELDS)
         assert _setting(ExperimentConfig(runtime="sim", model="mlp", optimizer=name)) == setting
+
+
+# -- the data folder: one that is not there is refused, not searched past ---------------------
+
+
+@pytest.mark.parametrize(
+    "dataset,model",
+    [("fashion-mnist", "mlp"), ("mnist1d", "cnn1d"), ("cifar10", "cnn"), ("licenses", "gpt-tiny")],
+)
+def test_a_data_dir_that_does_not_exist_is_refused(capsys, tmp_path, dataset, model):
+    missing = tmp_path / "nonexistent"
+    argv = ["run", "--runtime", "sim", "--dataset", dataset, "--model", model]
+    _fails(
+        capsys,
+        [*argv, "--data-dir", str(missing)],
+        f"data_dir={str(missing)!r} is not a folder; give the folder that holds the dataset, "
+        "or leave data_dir out to search the usual places (`scaledl-lab data info`)",
+    )

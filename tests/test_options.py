@@ -228,6 +228,7 @@ def test_the_checks_of_fields_no_family_owns_are_registered():
         "scaledl_lab.training.faults.check_run",
         "scaledl_lab.training.checkpoint.check_run",
         "scaledl_lab.training.precision_checks.check_precision",
+        "scaledl_lab.data.base.check_data_dir",
     }
     with pytest.raises(ConfigError, match=r"faults='kill:9:1'"):
         ExperimentConfig(runtime="sim", faults="kill:9:1")
