@@ -328,22 +328,23 @@ def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:
         )
 
 
-def quick(cfg: ExperimentConfig) -> ExperimentConfig:
+def quick(cfg: ExperimentConfig, keep: Any = ()) -> ExperimentConfig:
     """The quick-mode version of a config: a data subset and at most two epochs, same code path.
 
     The subsets never exceed the dataset as published (MNIST-1D has 4000 test samples); a
-    smaller copy on disk (a fixture) needs explicit subsets, which quick mode keeps.
+    smaller copy on disk (a fixture) needs explicit subsets, kept as the fields in ``keep`` are.
     """
     from .data import standard_sizes
 
-    val_size = min(cfg.val_size, QUICK_VAL)
+    val_size = cfg.val_size if "val_size" in keep else min(cfg.val_size, QUICK_VAL)
     n_train, n_test = standard_sizes(cfg.dataset)
-    return cfg.replace(
-        epochs=min(cfg.epochs, 2),
-        train_subset=min(cfg.train_subset or QUICK_TRAIN, QUICK_TRAIN, n_train - val_size),
+    shrunk = dict(
+        epochs=min(cfg.epochs, 2),  # below: a val_size past the data is the data's to refuse
+        train_subset=min(cfg.train_subset or QUICK_TRAIN, QUICK_TRAIN, max(n_train - val_size, 1)),
         test_subset=min(cfg.test_subset or QUICK_TEST, QUICK_TEST, n_test),
         val_size=val_size,
     )
+    return cfg.replace(**{k: v for k, v in shrunk.items() if k not in keep})
 
 
 QUICK_TRAIN, QUICK_TEST, QUICK_VAL = 10_000, 5_000, 2_000

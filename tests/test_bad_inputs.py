@@ -10,7 +10,7 @@ import pytest
 
 from scaledl_lab import ConfigError, ExperimentConfig
 from scaledl_lab.cli import _config_from_args, _parser, main
-from scaledl_lab.config import DEFAULT_OPTIMISER
+from scaledl_lab.config import DEFAULT_OPTIMISER, QUICK_TEST, QUICK_TRAIN
 from scaledl_lab.families import OPTIMISER_DEFAULTS, OPTIMISER_FIELDS
 
 SIM = ["--runtime", "sim", "--workers", "2", "--model", "mlp"]
@@ -108,3 +108,22 @@ def test_a_data_dir_that_does_not_exist_is_refused(capsys, tmp_path, dataset, mo
         f"data_dir={str(missing)!r} is not a folder; give the folder that holds the dataset, "
         "or leave data_dir out to search the usual places (`scaledl-lab data info`)",
     )
+
+
+# -- quick mode shrinks the defaults, not what was typed --------------------------------------
+
+
+def test_quick_mode_keeps_the_flags_typed_and_shrinks_the_rest(monkeypatch):
+    monkeypatch.setenv("SCALEDL_QUICK", "1")
+
+    def cfg(*flags: str) -> ExperimentConfig:
+        return _config_from_args(_parser().parse_args(["run", *SIM, *flags]))
+
+    shrunk = cfg()
+    assert (shrunk.epochs, shrunk.val_size) == (1, 2000)
+    assert (shrunk.train_subset, shrunk.test_subset) == (QUICK_TRAIN, QUICK_TEST)
+    typed = cfg("--epochs", "3", "--val-size", "3000", "--test-subset", "6000")
+    assert (typed.epochs, typed.val_size, typed.test_subset) == (3, 3000, 6000)
+    assert typed.train_subset == QUICK_TRAIN  # not typed: quick mode's
+    assert cfg("--train-subset", "20000").train_subset == 20000
+    assert cfg("--quick", "--epochs", "5").epochs == 5

@@ -102,8 +102,12 @@ def _security(args: argparse.Namespace) -> Any:
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    cfg = ExperimentConfig(**options.given_config(args))  # left out: the config's defaults
-    return quick(cfg) if (args.quick or is_quick()) else cfg
+    """The config of `run` and `plan`: the flags given, the config's defaults for the others.
+    Quick mode (``--quick``, ``SCALEDL_QUICK=1``) shrinks the defaults only: a size or an
+    epoch count typed on the command line is run as typed."""
+    given = options.given_config(args)
+    cfg = ExperimentConfig(**given)  # left out: the config's defaults
+    return quick(cfg, keep=given) if (args.quick or is_quick()) else cfg
 
 
 def _cmd_list() -> None:
