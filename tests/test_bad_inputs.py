@@ -127,3 +127,34 @@ def test_quick_mode_keeps_the_flags_typed_and_shrinks_the_rest(monkeypatch):
     assert typed.train_subset == QUICK_TRAIN  # not typed: quick mode's
     assert cfg("--train-subset", "20000").train_subset == 20000
     assert cfg("--quick", "--epochs", "5").epochs == 5
+
+
+# -- the results folder and TLS: nothing written outside results/, nothing ignored ------------
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".", "a\\b"])
+def test_a_name_that_would_leave_results_is_refused(capsys, name):
+    _fails(
+        capsys,
+        ["run", *SIM, "--name", name],
+        f"name={name!r} names the results folder results/<name>: it may not hold '/' or '\\' "
+        "nor be '.' or '..'; choose a plain name, or the folder itself with --out DIR",
+    )
+
+
+def test_a_name_with_a_slash_is_a_label_where_out_names_the_folder(monkeypatch):
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+    argv = ["run", *SIM, "--name", "sweep/4w", "--out", "elsewhere"]
+    assert _config_from_args(_parser().parse_args(argv)).label == "sweep/4w"
+
+
+@pytest.mark.parametrize("command", [["run", *SIM], ["reproduce"]])
+def test_tls_files_without_an_address_are_refused(capsys, tmp_path, command):
+    _fails(
+        capsys,
+        [*command, "--tls-ca-file", "ca.pem", "--tls-cert", "cert.pem", "--out", str(tmp_path)],
+        "--tls-ca-file, --tls-cert secure the connection to an existing cluster's tls:// "
+        "scheduler: give its --address, or drop them (the embedded cluster listens on "
+        "127.0.0.1 only)",
+    )
+    assert not any(tmp_path.iterdir())  # refused before anything ran
