@@ -4,6 +4,7 @@ nothing here trains."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -158,3 +159,54 @@ def test_tls_files_without_an_address_are_refused(capsys, tmp_path, command):
         "127.0.0.1 only)",
     )
     assert not any(tmp_path.iterdir())  # refused before anything ran
+
+
+# -- plan: --out writes the plan; --transformer speaks of the model it plans ------------------
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_plan_refuses_a_device_memory_that_is_not_positive_and_finite(capsys, value):
+    shown = f"{float(value):g}"
+    _fails(
+        capsys,
+        ["plan", *SIM, "--device-memory-gb", value],
+        f"--device-memory-gb {shown} must be a positive, finite number",
+    )
+
+
+def test_plan_writes_its_text_or_json_to_out(tmp_path, capsys):
+    argv = ["plan", *SIM, "--batch-size", "32", "--device-memory-gb", "1"]
+    text = tmp_path / "plan.txt"
+    assert main([*argv, "--out", str(text)]) == 0
+    shown = capsys.readouterr().out
+    assert shown == text.read_text() + f"plan written to {text}\n"
+    assert "in 1 GB per worker: fits" in text.read_text()
+    as_json = tmp_path / "plan.json"
+    assert main([*argv, "--out", str(as_json)]) == 0
+    saved = json.loads(as_json.read_text())
+    assert (saved["strategy"], saved["workers"], saved["fits"]) == ("allreduce", 2, True)
+    assert saved["bytes"]["model states"] > 0 and saved["bytes"]["communication buffers"] >= 0
+    assert f"{saved['total_bytes'] / 1e6:12.3f} MB" in shown
+    _fails(
+        capsys,
+        [*argv, "--out", str(tmp_path / "missing" / "plan.txt")],
+        f"cannot write the plan to {tmp_path / 'missing' / 'plan.txt'}: No such file or directory",
+    )
+
+
+def test_plan_transformer_refuses_a_model_or_non_text_data_beside_it(capsys):
+    argv = ["plan", "--workers", "2", "--transformer", "2,64,2,16,100", "--batch-size", "2"]
+    _fails(
+        capsys,
+        [*argv, "--model", "cnn"],
+        "--transformer 2,64,2,16,100 is the model planned; --model cnn plans one of the lab's "
+        "networks instead: give one of them, not both",
+    )
+    _fails(
+        capsys,
+        [*argv, "--dataset", "mnist1d"],
+        "--transformer plans a language model on token sequences; --dataset mnist1d is not "
+        "text (leave --dataset out, or give licenses)",
+    )
+    assert main([*argv, "--dataset", "licenses", "--compute-profile", "a100"]) == 0
+    assert "a transformer of" in capsys.readouterr().out

@@ -258,7 +258,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "calibrate": _cmd_calibrate,
     "bench": lambda args: _cmd_bench(args.name, args.args),
     "analyse": large_batch.cmd_analyse,
-    "plan": lambda args: plan_cli.cmd_plan(args, _config_from_args(args)),
+    "plan": lambda args: plan_cli.cmd_plan(args, _config_from_args),
     "run": _cmd_run,
     "resume": _cmd_resume,
     "reproduce": _cmd_reproduce,
