@@ -210,3 +210,25 @@ def test_plan_transformer_refuses_a_model_or_non_text_data_beside_it(capsys):
     )
     assert main([*argv, "--dataset", "licenses", "--compute-profile", "a100"]) == 0
     assert "a transformer of" in capsys.readouterr().out
+
+
+# -- float16's static loss scale --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", ["1e-30", "0.5"])
+def test_a_static_loss_scale_below_one_is_refused(capsys, scale):
+    _fails(
+        capsys,
+        ["run", *SIM, "--precision", "float16", "--loss-scale", scale],
+        f"loss_scale={float(scale)!r} is below 1: a static scale multiplies the gradients so "
+        "that small ones stay above float16's smallest subnormal (2**-24, about 6e-8); below 1 "
+        "it shrinks them and more underflow to zero than unscaled (at 1e-30 every one does): "
+        "give a scale of at least 1, or 'dynamic'",
+    )
+
+
+def test_a_static_loss_scale_of_one_or_more_is_kept(monkeypatch):
+    monkeypatch.delenv("SCALEDL_QUICK", raising=False)
+    for text in ("1", "1024"):
+        argv = ["run", *SIM, "--precision", "float16", "--loss-scale", text]
+        assert _config_from_args(_parser().parse_args(argv)).loss_scale == float(text)
