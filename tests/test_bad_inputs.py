@@ -158,6 +158,12 @@ def test_tls_files_without_an_address_are_refused(capsys, tmp_path, command):
         "scheduler: give its --address, or drop them (the embedded cluster listens on "
         "127.0.0.1 only)",
     )
+    _fails(
+        capsys,
+        [*command, "--tls-key", "key.pem", "--out", str(tmp_path)],
+        "--tls-key secures the connection to an existing cluster's tls:// scheduler: give its "
+        "--address, or drop it (the embedded cluster listens on 127.0.0.1 only)",
+    )
     assert not any(tmp_path.iterdir())  # refused before anything ran
 
 

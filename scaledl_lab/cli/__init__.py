@@ -100,9 +100,10 @@ def _security(args: argparse.Namespace) -> Any:
 
     given = [f for f in ("--tls-ca-file", "--tls-cert", "--tls-key") if _flag(args, f)]
     if given and args.address is None:
+        verb, it = ("secures", "it") if len(given) == 1 else ("secure", "them")
         raise ConfigError(
-            f"{', '.join(given)} secure the connection to an existing cluster's tls:// "
-            "scheduler: give its --address, or drop them (the embedded cluster listens on "
+            f"{', '.join(given)} {verb} the connection to an existing cluster's tls:// "
+            f"scheduler: give its --address, or drop {it} (the embedded cluster listens on "
             "127.0.0.1 only)"
         )
     return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
