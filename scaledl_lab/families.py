@@ -49,10 +49,10 @@ OPTIMISER_DEFAULTS: dict[str, dict[str, Any]] = {
     "adam": dict(optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0),  # Kingma & Ba 2015
     "adamw": dict(optimizer="adamw", lr=1e-3, momentum=0.0, weight_decay=0.01),  # torch's
     "adagrad": dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=0.0),  # torch's
-    # LARS's rate times its trust coefficient (0.001) is each layer's step relative to its norm:
-    # 1%, the large-batch study's LARS (lr 10); LAMB's coefficient is 1, so 0.1%
+    # The rate times the trust coefficient is each layer's step relative to its norm: 1% for
+    # both, LARS's as in the large-batch study (lr 10, coefficient 0.001), LAMB's (coefficient 1)
     "lars": dict(optimizer="lars", lr=10.0, momentum=0.9, weight_decay=0.0),
-    "lamb": dict(optimizer="lamb", lr=1e-3, momentum=0.0, weight_decay=0.0),
+    "lamb": dict(optimizer="lamb", lr=0.01, momentum=0.0, weight_decay=0.0),
 }
 
 
