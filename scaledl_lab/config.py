@@ -52,8 +52,8 @@ def _o(default: Any, help: str, **cli: Any) -> Any:
     return field(default=default, metadata=option(help, **cli))
 
 
-# What trains when neither the run nor its strategy's family says otherwise.
-DEFAULT_OPTIMISER: dict[str, Any] = dict(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0)
+# What trains when neither the run nor its strategy's family says otherwise (SGD's own setting).
+DEFAULT_OPTIMISER: dict[str, Any] = families.OPTIMISER_DEFAULTS["sgd"]
 
 
 @dataclass(frozen=True, init=False)
@@ -64,8 +64,8 @@ class ExperimentConfig:
     options (:attr:`scaledl_lab.families.Family.options`): they are keyword arguments and
     attributes like these (``ExperimentConfig(strategy="ps-async", servers=2).servers``), held
     in :attr:`options`, one frozen dataclass per family. The optimiser fields left out take
-    the strategy family's setting (:func:`scaledl_lab.families.optimiser_default`), else
-    :data:`DEFAULT_OPTIMISER`: one behaviour from Python and from ``scaledl-lab run``.
+    the strategy family's setting, else :data:`DEFAULT_OPTIMISER`, or another optimiser's own
+    (:func:`scaledl_lab.families.optimiser_setting`): the same from Python and the CLI.
     """
 
     strategy: str = _o("allreduce", "a strategy of `scaledl-lab list`")
@@ -150,8 +150,7 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.strategy, str) or self.strategy not in CONTRACT_STRATEGIES:
             validate(self)  # the unknown strategy's message, before its family is asked
-        setting = families.optimiser_default(self.strategy)
-        defaults = setting.settings if setting is not None else DEFAULT_OPTIMISER
+        defaults = families.optimiser_setting(self.strategy, self.optimizer)
         resolved = frozenset(n for n in OPTIMISER_FIELDS if getattr(self, n) is None)
         for name in resolved:
             object.__setattr__(self, name, defaults[name])
@@ -199,12 +198,12 @@ class ExperimentConfig:
         return self.name or f"{self.strategy}-{self.runtime}-{self.workers}w"
 
     def replace(self, **changes: Any) -> ExperimentConfig:
-        """A copy with some fields changed (validated again). A new strategy takes its family's
-        optimiser setting for the optimiser fields neither this config nor ``changes`` gave."""
+        """A copy with some fields changed (validated again). A new strategy (or optimiser) takes
+        its setting for the optimiser fields neither this config nor ``changes`` gave."""
         if "batch_size" in changes and "global_batch_size" not in changes:
             changes["global_batch_size"] = None
         values = {**self.to_dict(), **changes}
-        if values["strategy"] != self.strategy:
+        if values["strategy"] != self.strategy or values["optimizer"] != self.optimizer:
             values.update({n: None for n in self.resolved if n not in changes})
         return type(self)(**values)
 
@@ -294,6 +293,7 @@ def validate(cfg: ExperimentConfig) -> None:
         precision=PRECISIONS,
         server_transport=SERVER_TRANSPORTS,
     )
+    families.check_finite(cfg)  # inf and NaN pass a comparison (inf > 0): refused by name
     for names, what, holds in _NUMBERS:
         for name in names:
             if not holds(value := getattr(cfg, name)):
@@ -328,22 +328,23 @@ def check_resources(cfg: ExperimentConfig, cores: int | None = None) -> None:
         )
 
 
-def quick(cfg: ExperimentConfig) -> ExperimentConfig:
+def quick(cfg: ExperimentConfig, keep: Any = ()) -> ExperimentConfig:
     """The quick-mode version of a config: a data subset and at most two epochs, same code path.
 
     The subsets never exceed the dataset as published (MNIST-1D has 4000 test samples); a
-    smaller copy on disk (a fixture) needs explicit subsets, which quick mode keeps.
+    smaller copy on disk (a fixture) needs explicit subsets, kept as the fields in ``keep`` are.
     """
     from .data import standard_sizes
 
-    val_size = min(cfg.val_size, QUICK_VAL)
+    val_size = cfg.val_size if "val_size" in keep else min(cfg.val_size, QUICK_VAL)
     n_train, n_test = standard_sizes(cfg.dataset)
-    return cfg.replace(
-        epochs=min(cfg.epochs, 2),
-        train_subset=min(cfg.train_subset or QUICK_TRAIN, QUICK_TRAIN, n_train - val_size),
+    shrunk = dict(
+        epochs=min(cfg.epochs, 2),  # below: a val_size past the data is the data's to refuse
+        train_subset=min(cfg.train_subset or QUICK_TRAIN, QUICK_TRAIN, max(n_train - val_size, 1)),
         test_subset=min(cfg.test_subset or QUICK_TEST, QUICK_TEST, n_test),
         val_size=val_size,
     )
+    return cfg.replace(**{k: v for k, v in shrunk.items() if k not in keep})
 
 
 QUICK_TRAIN, QUICK_TEST, QUICK_VAL = 10_000, 5_000, 2_000

@@ -14,6 +14,7 @@ asking the records) and every layer above it may read them. The records are fill
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -41,6 +42,18 @@ CAPABILITIES: dict[str, str] = {
     "of its 16-bit model",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
+# Each optimiser's own setting: what a run that names one other than its strategy family's trains
+# with, where it gives no rate, momentum or decay (momentum is SGD's and LARS's only).
+OPTIMISER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sgd": dict(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0),  # the lab's (DESIGN)
+    "adam": dict(optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0),  # Kingma & Ba 2015
+    "adamw": dict(optimizer="adamw", lr=1e-3, momentum=0.0, weight_decay=0.01),  # torch's
+    "adagrad": dict(optimizer="adagrad", lr=0.01, momentum=0.0, weight_decay=0.0),  # torch's
+    # The rate times the trust coefficient is each layer's step relative to its norm: 1% for
+    # both, LARS's as in the large-batch study (lr 10, coefficient 0.001), LAMB's (coefficient 1)
+    "lars": dict(optimizer="lars", lr=10.0, momentum=0.9, weight_decay=0.0),
+    "lamb": dict(optimizer="lamb", lr=0.01, momentum=0.0, weight_decay=0.0),
+}
 
 
 def steps_or_text(text: str) -> int | str:
@@ -263,6 +276,16 @@ def optimiser_default(strategy: str) -> OptimiserDefault | None:
     return next((d for d in family.optimisers if strategy in d.strategies), None)
 
 
+def optimiser_setting(strategy: str, optimizer: Any = None) -> dict[str, Any]:
+    """The values a config's optimiser fields take when left out: the strategy family's setting
+    (else SGD's own), unless the config names another optimiser, whose own setting applies."""
+    family = optimiser_default(strategy)
+    setting = dict(family.settings) if family is not None else dict(OPTIMISER_DEFAULTS["sgd"])
+    if not isinstance(optimizer, str) or optimizer == setting["optimizer"]:
+        return setting
+    return dict(OPTIMISER_DEFAULTS.get(optimizer, setting))  # unknown: the config names it
+
+
 def with_options() -> tuple[Family, ...]:
     """The families that declare options, in the order of :func:`families`."""
     return tuple(f for f in families() if f.options is not None)
@@ -284,6 +307,15 @@ def check(cfg: Any) -> None:
         family.check(cfg)
     for extra in _CHECKS:
         extra(cfg)
+
+
+def check_finite(cfg: Any) -> None:
+    """Every number a config field holds, the families' options among them, is finite: inf and
+    NaN pass range checks written as comparisons (``inf > 0``). ``loss_scale``'s own check
+    names its other value ('dynamic')."""
+    for name, value in cfg.to_dict().items():
+        if isinstance(value, float) and not math.isfinite(value) and name != "loss_scale":
+            raise ConfigError(f"{name}={value!r} must be a finite number")
 
 
 def prepare_model(cfg: Any, model: Any) -> Any:

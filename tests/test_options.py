@@ -16,7 +16,7 @@ import torch
 from scaledl_lab import ConfigError, ExperimentConfig, families
 from scaledl_lab.cli import _config_from_args, _parser
 from scaledl_lab.config import CORE_FIELDS, DEFAULT_OPTIMISER, field_names
-from scaledl_lab.families import OPTIMISER_FIELDS, Family, register_family
+from scaledl_lab.families import OPTIMISER_DEFAULTS, OPTIMISER_FIELDS, Family, register_family
 from scaledl_lab.strategies.compression import CompressionOptions
 from scaledl_lab.strategies.parameter_server import ParameterServerOptions
 from scaledl_lab.training import health
@@ -107,9 +107,11 @@ def test_python_and_the_cli_give_one_nnt_config():
     ],
 )
 def test_a_partial_setting_resolves_as_the_cli_did(strategy, given):
-    # The CLI's rule before the config resolved it: each optimiser flag left out took the
-    # family's value (health.recommended), the config's default where the family has none.
-    expected = {**health.recommended(strategy), **given}
+    # Each optimiser flag left out takes the family's value (health.recommended), the config's
+    # default where the family has none; an optimiser other than the family's brings its own.
+    family = health.recommended(strategy)
+    named = given.get("optimizer", family["optimizer"])
+    expected = {**(family if named == family["optimizer"] else OPTIMISER_DEFAULTS[named]), **given}
     cfg = ExperimentConfig(strategy=strategy, runtime="sim", workers=4, **given)
     assert {k: getattr(cfg, k) for k in OPTIMISER_FIELDS} == expected
     flags = [x for k, v in given.items() for x in (f"--{k.replace('_', '-')}", str(v))]
@@ -226,6 +228,7 @@ def test_the_checks_of_fields_no_family_owns_are_registered():
         "scaledl_lab.training.faults.check_run",
         "scaledl_lab.training.checkpoint.check_run",
         "scaledl_lab.training.precision_checks.check_precision",
+        "scaledl_lab.data.base.check_data_dir",
     }
     with pytest.raises(ConfigError, match=r"faults='kill:9:1'"):
         ExperimentConfig(runtime="sim", faults="kill:9:1")

@@ -72,7 +72,8 @@ def test_cli_run_in_quick_mode_on_mnist1d(monkeypatch, tmp_path, capsys):
     ]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     cfg = json.loads((out / "config.json").read_text())["runs"][0]
-    assert cfg["dataset"] == "mnist1d" and cfg["epochs"] == 2 and cfg["test_subset"] == 4000
+    # --epochs is run as typed (quick mode shrinks the defaults only): max_steps ends it
+    assert cfg["dataset"] == "mnist1d" and cfg["epochs"] == 5 and cfg["test_subset"] == 4000
     frame = pd.read_csv(out / "metrics.csv")
     assert len(frame.query("kind == 'train'")) == 2 * 3
     assert f"results written to {out}" in capsys.readouterr().out

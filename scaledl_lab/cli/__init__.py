@@ -98,12 +98,39 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
 def _security(args: argparse.Namespace) -> Any:
     from ..runtime.dask.cluster import tls_security
 
+    given = [f for f in ("--tls-ca-file", "--tls-cert", "--tls-key") if _flag(args, f)]
+    if given and args.address is None:
+        verb, it = ("secures", "it") if len(given) == 1 else ("secure", "them")
+        raise ConfigError(
+            f"{', '.join(given)} {verb} the connection to an existing cluster's tls:// "
+            f"scheduler: give its --address, or drop {it} (the embedded cluster listens on "
+            "127.0.0.1 only)"
+        )
     return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
 
 
+def _flag(args: argparse.Namespace, flag: str) -> Any:
+    return getattr(args, flag.removeprefix("--").replace("-", "_"))
+
+
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    cfg = ExperimentConfig(**options.given_config(args))  # left out: the config's defaults
-    return quick(cfg) if (args.quick or is_quick()) else cfg
+    """The config of `run` and `plan`: the flags given, the config's defaults for the others.
+    Quick mode (``--quick``, ``SCALEDL_QUICK=1``) shrinks the defaults only: a size or an
+    epoch count typed on the command line is run as typed."""
+    given = options.given_config(args)
+    cfg = ExperimentConfig(**given)  # left out: the config's defaults
+    return quick(cfg, keep=given) if (args.quick or is_quick()) else cfg
+
+
+def _results_dir(cfg: ExperimentConfig) -> str:
+    """``results/<label>``: a label that would leave ``results/`` (a path) is refused."""
+    name = cfg.label
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise ConfigError(
+            f"name={name!r} names the results folder results/<name>: it may not hold '/' or "
+            "'\\' nor be '.' or '..'; choose a plain name, or the folder itself with --out DIR"
+        )
+    return f"results/{name}"
 
 
 def _cmd_list() -> None:
@@ -182,7 +209,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from ..experiment import run
 
     cfg = _config_from_args(args)
-    out = args.out or f"results/{cfg.label}"
+    out = args.out or _results_dir(cfg)
     results = run(cfg, address=args.address, out=out, security=_security(args))
     print(results.summary().to_string(index=False))
     for warning in results.warnings():
@@ -232,7 +259,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "calibrate": _cmd_calibrate,
     "bench": lambda args: _cmd_bench(args.name, args.args),
     "analyse": large_batch.cmd_analyse,
-    "plan": lambda args: plan_cli.cmd_plan(args, _config_from_args(args)),
+    "plan": lambda args: plan_cli.cmd_plan(args, _config_from_args),
     "run": _cmd_run,
     "resume": _cmd_resume,
     "reproduce": _cmd_reproduce,

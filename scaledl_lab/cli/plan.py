@@ -4,9 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 from ..config import ExperimentConfig
+from ..contract import TEXT_DATASETS
+from ..errors import ConfigError
+from . import options
 
 
 def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> None:
@@ -14,8 +20,14 @@ def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> N
         "plan", help="memory per worker and simulated step time of a run, without training"
     )
     for action in run._actions:  # the very options of `run` (one spelling, one meaning)
-        if action.dest != "help":
+        if action.dest not in ("help", "out"):
             plan._add_action(action)
+    plan.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="also write the plan to FILE: JSON if its name ends in .json, else the text shown",
+    )
     plan.add_argument(
         "--device-memory-gb", type=float, default=None, help="does it fit in this much per worker"
     )
@@ -28,10 +40,40 @@ def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> N
     )
 
 
-def cmd_plan(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
-    """Print the plan of ``cfg`` (built from ``args`` as `run` builds its config)."""
+def _config(
+    args: argparse.Namespace, config_of: Callable[[argparse.Namespace], ExperimentConfig]
+) -> ExperimentConfig:
+    """The run's config; a transformer plan's model is the one given by its sizes, so --model
+    is refused beside it and the config holds the lab's language model on text data (no
+    check then speaks of a network the plan does not use)."""
+    if args.transformer is None:
+        return config_of(args)
+    given = options.given_config(args)
+    if "model" in given:
+        raise ConfigError(
+            f"--transformer {args.transformer} is the model planned; --model {given['model']} "
+            "plans one of the lab's networks instead: give one of them, not both"
+        )
+    dataset = given.get("dataset", TEXT_DATASETS[0])
+    if dataset not in TEXT_DATASETS:
+        raise ConfigError(
+            f"--transformer plans a language model on token sequences; --dataset {dataset} is "
+            f"not text (leave --dataset out, or give {', '.join(TEXT_DATASETS)})"
+        )
+    return config_of(argparse.Namespace(**{**vars(args), "model": "gpt-tiny", "dataset": dataset}))
+
+
+def cmd_plan(
+    args: argparse.Namespace, config_of: Callable[[argparse.Namespace], ExperimentConfig]
+) -> int:
+    """Print the plan of the config `run` would build from ``args`` (``config_of``); with
+    ``--out FILE``, write it there too."""
     from ..strategies.memory.plan import plan
 
+    room_gb = args.device_memory_gb
+    if room_gb is not None and not (math.isfinite(room_gb) and room_gb > 0):
+        raise ConfigError(f"--device-memory-gb {room_gb:g} must be a positive, finite number")
+    cfg = _config(args, config_of)
     if args.transformer is not None:
         from ..strategies.memory.transformer import Transformer, plan_transformer
 
@@ -42,22 +84,39 @@ def cmd_plan(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
         p = plan(cfg)
         what = f"{cfg.model} on {cfg.dataset}"
     m = p.memory
-    print(f"{cfg.strategy}, {cfg.workers} workers, {what}, "
-          f"batch {cfg.batch_size} per worker, {cfg.optimizer}, {cfg.precision}")  # fmt: skip
+    lines = [f"{cfg.strategy}, {cfg.workers} workers, {what}, "
+             f"batch {cfg.batch_size} per worker, {cfg.optimizer}, {cfg.precision}"]  # fmt: skip
     rows = [("parameters", m.params), ("gradients", m.grads), ("optimiser state", m.optim),
             ("model states", m.model_states), ("activations", m.activations),
             ("communication buffers", m.buffers)]  # fmt: skip
     for label, value in rows:
-        print(
-            f"  {label:22s} {'not predicted' if math.isnan(value) else f'{value / 1e6:12.3f} MB'}"
-        )
+        shown = "not predicted" if math.isnan(value) else f"{value / 1e6:12.3f} MB"
+        lines.append(f"  {label:22s} {shown}")
     total = sum(v for _, v in rows[3:] if not math.isnan(v))
-    print(f"  {'total per worker':22s} {total / 1e6:12.3f} MB")
-    print(f"  step (sim: {cfg.compute_profile}, {cfg.network}): {p.step_s * 1e3:.3f} ms, "
-          f"{p.bytes_per_step:,} bytes sent per worker")  # fmt: skip
-    if args.device_memory_gb is not None:
-        room = args.device_memory_gb * 1e9
-        verdict = "fits" if total <= room else f"does not fit: {(total - room) / 1e9:.3f} GB over"
-        print(f"  in {args.device_memory_gb:g} GB per worker: {verdict}")
-        return 0 if total <= room else 1
-    return 0
+    lines.append(f"  {'total per worker':22s} {total / 1e6:12.3f} MB")
+    lines.append(f"  step (sim: {cfg.compute_profile}, {cfg.network}): {p.step_s * 1e3:.3f} ms, "
+                 f"{p.bytes_per_step:,} bytes sent per worker")  # fmt: skip
+    fits = None if room_gb is None else total <= room_gb * 1e9
+    if room_gb is not None:
+        over = f"does not fit: {(total - room_gb * 1e9) / 1e9:.3f} GB over"
+        lines.append(f"  in {room_gb:g} GB per worker: {'fits' if fits else over}")
+    print("\n".join(lines))
+    if args.out is not None:
+        summary = dict(
+            strategy=cfg.strategy, workers=cfg.workers, model=what, batch_size=cfg.batch_size,
+            optimizer=cfg.optimizer, precision=cfg.precision,
+            bytes={label: None if math.isnan(v) else v for label, v in rows},
+            total_bytes=total, step_s=p.step_s, bytes_per_step=p.bytes_per_step,
+            device_memory_gb=room_gb, fits=fits,
+        )  # fmt: skip
+        text = json.dumps(summary, indent=2) if args.out.endswith(".json") else "\n".join(lines)
+        _write(Path(args.out), text + "\n")
+        print(f"plan written to {args.out}")
+    return 1 if fits is False else 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None

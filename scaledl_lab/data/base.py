@@ -10,10 +10,13 @@ import urllib.request
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+from .. import families
+from ..errors import ConfigError
 
 
 # eq=False: the generated __eq__ would compare tensors elementwise and fail in a bool context.
@@ -114,6 +117,17 @@ class RawData(NamedTuple):
 
 class DatasetNotFoundError(FileNotFoundError):
     """The dataset's files are in none of the searched directories."""
+
+
+@families.register_check
+def check_data_dir(cfg: Any) -> None:
+    """A config's ``data_dir`` is a folder: the search never falls back silently from one that
+    is not (a typo) to the usual places."""
+    if cfg.data_dir is not None and not Path(cfg.data_dir).expanduser().is_dir():
+        raise ConfigError(
+            f"data_dir={cfg.data_dir!r} is not a folder; give the folder that holds the "
+            "dataset, or leave data_dir out to search the usual places (`scaledl-lab data info`)"
+        )
 
 
 class ChecksumError(ValueError):

@@ -74,6 +74,15 @@ def check_precision(cfg: Any) -> None:
             raise ConfigError(
                 f"loss_scale={scale!r} must be 'dynamic' or a positive number (a static scale)"
             )
+        if scale != "dynamic" and scale < 1:
+            # A scale exists to lift small gradients above float16's smallest subnormal; one
+            # below 1 pushes them under it: more round to zero than with no scaling at all.
+            raise ConfigError(
+                f"loss_scale={scale!r} is below 1: a static scale multiplies the gradients so "
+                "that small ones stay above float16's smallest subnormal (2**-24, about 6e-8); "
+                "below 1 it shrinks them and more underflow to zero than unscaled (at 1e-30 "
+                "every one does): give a scale of at least 1, or 'dynamic'"
+            )
     if not is_low(cfg.precision):
         return
     if not families.has(cfg.strategy, "mixed_precision"):

@@ -125,7 +125,9 @@ def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
     psi = model.parameters
     padded = sum(-(-u // n) * n for u in units)
     shard = padded // n
-    tensors = 0 if cfg.optimizer == "sgd" and cfg.momentum == 0 else STATE_TENSORS[cfg.optimizer]
+    # another optimiser's state (LARS, LAMB, AdamW): not predicted, as plan() says
+    plain_sgd = cfg.optimizer == "sgd" and cfg.momentum == 0
+    tensors = 0 if plain_sgd else STATE_TENSORS.get(cfg.optimizer, math.nan)
     k = master + tensors * state
     memory = StepMemory(
         params={0: psi, 1: padded, 2: padded, 3: shard}[stage] * size,
