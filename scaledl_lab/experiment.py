@@ -250,11 +250,9 @@ def compare(
     if saving and (out_dir is None or len(configs) > 1):
         raise ConfigError("checkpoint_every needs one run and a results folder (out=...)")
     rows: list[dict[str, Any]] = []
-    offset = 0.0  # a resumed run's clock goes on from the rows it keeps
-    if resume is not None and out_dir is not None:
+    offset = 0.0  # a resumed run's wall-clock rows go on from the kept rows' end (simulated
+    if resume is not None and out_dir is not None:  # ranks: from their checkpointed clocks)
         rows, end = kept_rows(out_dir, resume)
-        # Simulated ranks go on from their checkpointed virtual clocks (bit for bit as the run
-        # without a stop); the rows of wall-clock ones are shifted to go on from the kept rows.
         offset = 0.0 if configs[0].runtime == "sim" else end
     writer = Writer(out_dir, saving[0].workers, offset) if saving and out_dir else None
     append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None

@@ -151,13 +151,7 @@ class Comm(abc.ABC):
         """Seconds since the run started (wall-clock on dask, virtual on sim)."""
 
     def clock_state(self) -> dict[str, float]:
-        """What this rank's clock is at (a checkpoint keeps it): the time, on a wall clock."""
-        return {"time": self.now()}
-
-    def restore_clock(self, state: dict[str, float]) -> None:
-        """Go on from a checkpoint's :meth:`clock_state` (a resumed run). A wall clock goes
-        on by itself: the driver shifts a resumed run's rows by the time it had reached."""
-        return None
+        return {"time": self.now()}  # what a checkpoint keeps: each runtime has restore_clock
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         """A group of ranks for collectives among them only. Every worker must create every
