@@ -32,6 +32,7 @@ STRATEGIES: list[tuple[str, dict]] = [
     ("dpsgd", {}),
     ("adpsgd", {"workers": 4}),
     ("easgd", {"elastic_async": True}),
+    ("diloco", {}),
 ]
 
 

@@ -249,11 +249,12 @@ def compare(
     saving = [c for c in configs if c.checkpoint_every is not None]
     if saving and (out_dir is None or len(configs) > 1):
         raise ConfigError("checkpoint_every needs one run and a results folder (out=...)")
-    writer = Writer(out_dir, saving[0].workers) if saving and out_dir else None
     rows: list[dict[str, Any]] = []
-    offset = 0.0  # a resumed run's clock goes on from the rows it keeps
-    if resume is not None and out_dir is not None:
-        rows, offset = kept_rows(out_dir, resume)
+    offset = 0.0  # a resumed run's wall-clock rows go on from the kept rows' end (simulated
+    if resume is not None and out_dir is not None:  # ranks: from their checkpointed clocks)
+        rows, end = kept_rows(out_dir, resume)
+        offset = 0.0 if configs[0].runtime == "sim" else end
+    writer = Writer(out_dir, saving[0].workers, offset) if saving and out_dir else None
     append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
     if append and rows:
         append(rows)

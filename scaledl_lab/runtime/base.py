@@ -150,6 +150,9 @@ class Comm(abc.ABC):
     def now(self) -> float:
         """Seconds since the run started (wall-clock on dask, virtual on sim)."""
 
+    def clock_state(self) -> dict[str, float]:
+        return {"time": self.now()}  # what a checkpoint keeps: each runtime has restore_clock
+
     def new_group(self, ranks: Sequence[int]) -> Group:
         """A group of ranks for collectives among them only. Every worker must create every
         group, in the same order (as torch.distributed requires), members or not."""

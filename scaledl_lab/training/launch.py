@@ -49,6 +49,7 @@ class BoundProgram:
         ctx = WorkerContext(self.config, comm, data, device, emit, self.run_label)
         if self.resume is not None:  # each rank reads its own state where it runs
             ctx.resume = load_rank(*self.resume, comm.rank)
+            comm.restore_clock(ctx.resume["clock"])
         await self.program(ctx)
         return ctx.result
 

@@ -10,15 +10,35 @@ started the next step. Strategies call :func:`start_or_resume` instead of ``ctx.
 from __future__ import annotations
 
 import copy
+import json
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..config import ExperimentConfig
 from ..params import state_dict_cpu
 from .checkpoint import every_steps
 from .worker import WorkerContext
+
+
+@dataclass(frozen=True)
+class Closing:
+    """Where a rank stood before the work that closes a run and that a longer run does not do
+    (DiLoCo's closing round, which only yields the run's one model; a parameter server's
+    closing pull): its clock, and the bytes its last step had sent before (None: the work came
+    after the checkpoint). A run resumed from that step goes on from there: its train row is
+    given this time and these bytes, and the step's evaluation is done again."""
+
+    clock: dict[str, float] | None = None
+    bytes_sent: int | None = None
+
+
+def saved_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The config as ``config.json`` holds it (JSON's types)."""
+    return json.loads(json.dumps(cfg.to_dict(), default=str))
 
 
 def is_due(ctx: WorkerContext, step: int) -> bool:
@@ -56,23 +76,36 @@ async def save_if_due(
     optimizer: torch.optim.Optimizer | None,
     *,
     extra: dict[str, Any] | None = None,
+    closing: Closing | None = None,
 ) -> None:
     """At a checkpoint step, send this rank's state to the driver (with its rows); workers of
-    a parameter server have no optimiser of their own (the servers' state holds it)."""
+    a parameter server have no optimiser of their own (the servers' state holds it).
+
+    The state records the run's config (``resume`` checks it against ``config.json``) and the
+    rank's clock; ``closing``: the step ended the run with work a longer run does not do, and
+    the state is the one from before it (:class:`Closing`)."""
     if not is_due(ctx, step):
         return
     comm = ctx.comm
     state: dict[str, Any] = {
         "step": step,
+        "config": saved_config(ctx.config),
         "model": state_dict_cpu(model),
         "optimizer": copy.deepcopy(optimizer.state_dict()) if optimizer else None,
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         "extra": extra or {},
     }
+    if closing is not None:
+        time = closing.clock["time"] if closing.clock is not None else None
+        state["closing"] = {"time": time, "bytes_sent": closing.bytes_sent}
     if comm.num_servers:
         await comm.barrier()  # every worker's step is on the servers; none has begun the next
         if ctx.rank == comm.survivors()[0]:
             state["servers"] = [await comm.call(i, "checkpoint") for i in range(comm.num_servers)]
         await comm.barrier()
+    # A resumed rank goes on from the clock after this save (a longer run waits at the same
+    # barriers), or from before the closing work.
+    before = closing.clock if closing is not None else None
+    state["clock"] = before if before is not None else comm.clock_state()
     ctx.emit({"table": "checkpoint", "run": ctx.run_label, "rank": ctx.rank, "step": step,
               "state": state})  # fmt: skip

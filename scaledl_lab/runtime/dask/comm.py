@@ -96,6 +96,9 @@ class TorchComm(Comm):
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def restore_clock(self, state: dict[str, float]) -> None:
+        """A resumed run: a wall clock goes on by itself (the driver shifts the rows)."""
+
     def _staged(self, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor the process group moves: ``tensor``, or its copy on this rank's GPU."""
         if self.device is None or tensor.device == self.device:

@@ -210,6 +210,15 @@ class SimComm(Comm):
     def now(self) -> float:
         return self.clock
 
+    def clock_state(self) -> dict[str, float]:
+        """The virtual clock, the compute blocks taken (stragglers draw per block) and when
+        the outgoing link is free: a resumed rank goes on from them bit for bit."""
+        return {"time": self.clock, "steps": self.steps, "nic_free": self.nic_free}
+
+    def restore_clock(self, state: dict[str, float]) -> None:
+        self.clock, self.nic_free = state["time"], state["nic_free"]
+        self.steps = int(state["steps"])
+
     def lost_peers(self) -> set[int]:
         return set(self.world.dead)
 

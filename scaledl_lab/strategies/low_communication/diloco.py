@@ -25,7 +25,7 @@ import copy
 
 from torch import nn
 
-from ...training.snapshots import save_if_due, start_or_resume
+from ...training.snapshots import Closing, save_if_due, start_or_resume
 from ...training.worker import WorkerContext, lr_of
 from ..decentralised.replicas import local_gradient
 from ..registry import register
@@ -71,23 +71,31 @@ async def train(ctx: WorkerContext) -> None:
     model, inner, step = await start_or_resume(ctx)  # step > 0: a resumed run
     (whole,) = fragments_of(model, 1)
     block = GlobalFragment(cfg, whole, outer_codec(ctx, whole, 0))
+    view = GlobalModel(model, 1)
     if ctx.resume is not None:
         block.load_state_dict(ctx.resume["extra"]["global"])
-    view = GlobalModel(model, 1)
+        if "closing" in ctx.resume and ctx.is_boundary(step):
+            # The checkpoint came before a closing round, whose evaluation a longer run does
+            # not make: score θ as the longer run does at this boundary.
+            await evaluate_global(ctx, view, [block], step)
     for x, y in ctx.local_batches(step):
         sent_before = comm.bytes_sent
         stats = await local_gradient(ctx, model, inner, x, y, step=step, apply=True)
         step += 1
         # The closing round (a last step that ends no round of H) only yields the run's one
-        # model; a checkpoint there keeps the state before it, which a longer run goes on from.
+        # model; a checkpoint there keeps the state, clock and bytes before it, which a longer
+        # run goes on from.
         closing = step >= ctx.total_steps and step % cfg.sync_period != 0
-        kept = (copy.deepcopy(model), block.state_dict()) if closing else None
+        kept = None
+        if closing:
+            before = Closing(comm.clock_state(), comm.bytes_sent - sent_before)
+            kept = (copy.deepcopy(model), block.state_dict(), before)
         if step % cfg.sync_period == 0 or closing:
             await block.sync(comm)  # Δ averaged, θ ← Outer(θ, Δ), θ_i ← θ
         ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr_of(inner))
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await evaluate_global(ctx, view, [block], step)
-        saved, state = kept or (model, block.state_dict())
-        await save_if_due(ctx, step, saved, inner, extra={"global": state})
+        saved, state, before = kept or (model, block.state_dict(), None)
+        await save_if_due(ctx, step, saved, inner, extra={"global": state}, closing=before)
     finish(ctx, model)

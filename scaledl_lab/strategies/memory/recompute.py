@@ -65,7 +65,8 @@ def forward_shares(model: str, input_shape: tuple[int, ...], num_classes: int) -
     """Each segment's part of one forward of ``model`` by its FLOPs (the simulator's charge for
     running it again)."""
     net = build_model(model, input_shape, num_classes, seed=0)
-    sample = torch.zeros(1, *input_shape)
+    # A model that reads token ids says so (gpt-tiny's ``input_dtype``): its sample is ids.
+    sample = torch.zeros(1, *input_shape, dtype=getattr(net, "input_dtype", torch.float32))
     shapes = segment_inputs(net, sample)
     flops = [model_flops(s, shapes[i][1:], num_classes) for i, s in enumerate(segments(net))]
     total = sum(flops)

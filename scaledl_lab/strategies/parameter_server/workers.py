@@ -30,7 +30,7 @@ from ...config import ExperimentConfig
 from ...models import build_model
 from ...objective import correct_count
 from ...params import flat_grad, load_param_vector, param_vector
-from ...training.snapshots import restore, save_if_due
+from ...training.snapshots import Closing, restore, save_if_due
 from ...training.worker import (
     StepStats,
     WorkerContext,
@@ -224,14 +224,26 @@ async def train(ctx: WorkerContext) -> None:
     # The initial state exists from the start: every worker built it from the seed, and the pull
     # fetches the same weights. Its evaluation (rank 0 alone, on whole splits) is stamped then.
     initial = comm.now()
-    await shards.pull()
     evaluated = 0  # epochs evaluated so far (rank 0)
     step = 0
-    if ctx.resume is not None:  # a resumed run: the servers hold the weights and optimiser
+
+    async def evaluate_if_due() -> None:
+        nonlocal evaluated
+        if ctx.rank == 0 and shards.progress // per_epoch > evaluated and shards.progress < target:
+            evaluated = int(shards.progress // per_epoch)
+            await ctx.evaluate_local(model, epoch=shards.progress / per_epoch, step=step)
+
+    if ctx.resume is None:
+        await shards.pull()
+        if ctx.rank == 0:
+            await ctx.evaluate_local(model, epoch=0.0, step=0, at=initial)
+    else:  # a resumed run: the servers hold the weights and optimiser, the model their pull
         restore(ctx, model, None)
+        shards.versions, shards.progress = ctx.resume["extra"]["shards"]
         step, evaluated = int(ctx.resume["step"]), int(shards.progress // per_epoch)
-    elif ctx.rank == 0:
-        await ctx.evaluate_local(model, epoch=0.0, step=0, at=initial)
+        if "closing" in ctx.resume:  # the first run scored its end after its closing pull:
+            evaluated -= 1  # score this step as a longer run does
+            await evaluate_if_due()
     batches = itertools.islice(ctx.batches_forever(), step, None)
     while shards.progress < target:
         x, y = next(batches)
@@ -264,11 +276,14 @@ async def train(ctx: WorkerContext) -> None:
             epoch=min(shards.progress, target) / per_epoch,
         )
         ctx.die_if_killed(step)
-        if ctx.rank == 0 and shards.progress // per_epoch > evaluated and shards.progress < target:
-            evaluated = int(shards.progress // per_epoch)
-            await ctx.evaluate_local(model, epoch=shards.progress / per_epoch, step=step)
         if variant.exchange == "sync":  # every worker is at the same step
-            await save_if_due(ctx, step, model, None)
+            # Saved before the step's evaluation, which a resumed run then makes at the same
+            # time; the run's end (a closing pull, then its evaluation) is no part of a longer
+            # run, whose evaluation of this step a run resumed from here makes again.
+            closing = Closing() if shards.progress >= target else None
+            kept = [list(shards.versions), shards.progress]
+            await save_if_due(ctx, step, model, None, extra={"shards": kept}, closing=closing)
+        await evaluate_if_due()
     # The run is over (pushes beyond the target are dropped): the servers' weights are final.
     await shards.pull()
     if ctx.rank == 0:
