@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -22,6 +21,7 @@ from . import serial  # noqa: F401  (bfloat16 results and rows: pickled)
 from .comm import TorchComm
 from .devices import use_device
 from .p2p import P2PServer
+from .rendezvous import gloo_interface, rank_store, worker_host
 
 FLUSH_S = 0.5
 
@@ -124,12 +124,6 @@ def take_rows(queue_name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _shared_origin(device: torch.device) -> float:
     """This rank's ``perf_counter`` reading at the moment rank 0's wall clock read when the
     barrier ended: every rank then counts time from the same instant (exactly on one host,
@@ -154,7 +148,7 @@ def _clocks() -> tuple[float, float]:
 def run_rank(
     launch: Launch,
     rank: int,
-    init_method: str,
+    rendezvous: tuple[str, int],
     queue_name: str,
     servers: list[Any],
     server_addresses: list[str],
@@ -163,20 +157,36 @@ def run_rank(
 ) -> dict[str, Any]:
     """The one long-running task of a rank: rendezvous, run the program, always leave the group.
 
-    ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
-    each server's address for torch.distributed messages (:mod:`.p2p`), or None for actor
-    calls."""
+    ``rendezvous``: the host and port of rank 0's store (on rank 0's worker, listening on that
+    worker's interface only: :mod:`.rendezvous`); ``device``: the one the driver planned for
+    this worker (:mod:`.devices`); ``server_links``: each server's address for
+    torch.distributed messages (:mod:`.p2p`), or None for actor calls."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     where = use_device(device)
     launch.program.prepare()  # the data first: its arrays are mapped, and go back when freed
     backend = "nccl" if where.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=launch.world_size,
-        timeout=timedelta(seconds=launch.timeout_s),
-    )
+    timeout = timedelta(seconds=launch.timeout_s)
+    with gloo_interface(worker_host()):  # this rank's groups listen where its worker does
+        dist.init_process_group(
+            backend,
+            store=rank_store(*rendezvous, rank, timeout),
+            rank=rank,
+            world_size=launch.world_size,
+            timeout=timeout,
+        )
+        return _run_in_group(launch, rank, queue_name, servers, server_addresses, where,
+                             server_links)  # fmt: skip
+
+
+def _run_in_group(
+    launch: Launch,
+    rank: int,
+    queue_name: str,
+    servers: list[Any],
+    server_addresses: list[str],
+    where: torch.device,
+    server_links: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     # the tuning for one run: the worker outlives it, and keeps neither the tuning nor its peak
     with freed_memory_kept():
         try:
