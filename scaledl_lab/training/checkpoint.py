@@ -152,8 +152,8 @@ def kept_rows(out_dir: Path, step: int) -> tuple[list[dict[str, Any]], float]:
 
 def left_on_disk(out_dir: Path | None) -> str:
     """Where a run that stopped early left its metrics, config and last checkpoint."""
-    if out_dir is None:
-        return ""
+    if out_dir is None or not (out_dir / "metrics.csv").exists():
+        return ""  # nothing measured yet (the folder is discarded)
     step = latest_step(out_dir)
     saved = f", the last checkpoint (step {step}) in {out_dir / 'checkpoint'}" if step else ""
     return f"; metrics so far are in {out_dir / 'metrics.csv'}, the config in config.json{saved}"
