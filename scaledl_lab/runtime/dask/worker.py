@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 from distributed import Queue, get_worker
 
+from ...errors import DivergenceError
 from ..base import Launch, clone_tensors
 from ..memory import freed_memory_kept
 from ..servers import ServerLoop
@@ -111,6 +113,25 @@ def _profiler_paused() -> Iterator[None]:
             worker.loop.add_callback(pc.start)
 
 
+class _ExpectedFailure(logging.Filter):
+    """Drops the worker's "Compute Failed" report (key, task, exception and traceback) of a rank
+    whose run diverged: the driver says so in one line, the error the run stops with. Every
+    other task failure is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Compute Failed"):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (len(args) > 3 and str(args[3]).startswith(f"{DivergenceError.__name__}("))
+
+
+def _quiet_expected_failures() -> None:
+    """Install :class:`_ExpectedFailure` on this worker process's logger, once."""
+    logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _ExpectedFailure) for f in logger.filters):
+        logger.addFilter(_ExpectedFailure())
+
+
 _SINKS: dict[str, list[_QueueSink]] = {}  # this process's ranks' sinks, by queue
 
 
@@ -166,6 +187,7 @@ def run_rank(
     launch.program.prepare()  # the data first: its arrays are mapped, and go back when freed
     backend = "nccl" if where.type == "cuda" else "gloo"
     timeout = timedelta(seconds=launch.timeout_s)
+    _quiet_expected_failures()
     with gloo_interface(worker_host()):  # this rank's groups listen where its worker does
         dist.init_process_group(
             backend,
