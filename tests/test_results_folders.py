@@ -207,6 +207,16 @@ def test_an_expected_divergence_is_not_logged_by_the_worker_a_real_failure_is():
     assert keep(record("WorkerLostError('...')"))
     other = logging.LogRecord("distributed.worker", logging.ERROR, "", 0, "other", (), None)
     assert keep(other)
+    # a rank's task cancelled as its worker closes (Ctrl-C): the driver already says why
+    from scaledl_lab.runtime.dask.worker import _ClosedRank
+
+    def closing(key: str) -> logging.LogRecord:
+        task = f"<Task cancelled name=\"execute('{key}')\" coro=<Worker.execute() done>>"
+        text = f"Async instruction for {task} ended with CancelledError"
+        return logging.LogRecord("distributed.worker", logging.WARNING, "", 0, text, (), None)
+
+    assert not _ClosedRank().filter(closing("allreduce-dask-2w-rank0-197c2898"))
+    assert _ClosedRank().filter(closing("some-other-task-0123"))
 
 
 def test_a_divergence_on_dask_leaves_no_compute_failed_in_the_workers_logs(client):

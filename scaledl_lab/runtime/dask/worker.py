@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -125,11 +126,27 @@ class _ExpectedFailure(logging.Filter):
         return not (len(args) > 3 and str(args[3]).startswith(f"{DivergenceError.__name__}("))
 
 
+class _ClosedRank(logging.Filter):
+    """Drops "Async instruction for <Task ... execute('<run>-rank<R>-<id>')> ended with
+    CancelledError", which a worker logs when it closes under a running rank: its cluster is
+    closing (Ctrl-C reaches every process of the embedded cluster), and the driver says why."""
+
+    RANK_TASK = re.compile(r"^Async instruction for .*-rank\d+-[0-9a-f]{8}.* ended with Cancel")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.RANK_TASK.match(str(record.msg))
+
+
 def _quiet_expected_failures() -> None:
-    """Install :class:`_ExpectedFailure` on this worker process's logger, once."""
-    logger = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, _ExpectedFailure) for f in logger.filters):
-        logger.addFilter(_ExpectedFailure())
+    """Install :class:`_ExpectedFailure` and :class:`_ClosedRank` on this worker process's
+    loggers, once."""
+    for name, kind in (
+        ("distributed.worker", _ExpectedFailure),
+        ("distributed.worker.state_machine", _ClosedRank),
+    ):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
 
 
 _SINKS: dict[str, list[_QueueSink]] = {}  # this process's ranks' sinks, by queue
