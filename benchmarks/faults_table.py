@@ -57,6 +57,8 @@ def measure(name: str, extra: dict, args: argparse.Namespace, out: Path) -> dict
         except RunError as exc:
             outcome, error = "stops", f"{type(exc).__name__}: {str(exc)[:90]}"
         ended = time.monotonic()
+    if not out.exists():  # a stopped run's rows are in its partial folder beside ``out``
+        out = next(out.parent.glob(f"{out.name}.partial-*"))
     frame = pd.read_csv(out / "metrics.csv")
     train = frame[frame.kind == "train"]
     killed = train[train["rank"] == 1].step.tolist()

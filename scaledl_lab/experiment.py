@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import csv
+import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from . import folders
 from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, RunError
@@ -30,22 +32,6 @@ __all__ = [
     "to_frame",
     "total_steps",
 ]
-
-
-class _CsvAppender:
-    """Appends rows to metrics.csv as they arrive, so a failed run leaves what it measured."""
-
-    def __init__(self, path: Path, fresh: bool = True) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        if fresh:  # else: a resumed run appends to the table already there
-            with path.open("w", newline="") as f:
-                csv.writer(f).writerow(METRIC_COLUMNS)
-
-    def __call__(self, rows: list[dict[str, Any]]) -> None:
-        with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-            writer.writerows(rows)
 
 
 @dataclass
@@ -216,6 +202,7 @@ def compare(
     resume: int | None = None,
     weights: bool = True,
     strategy: Program | None = None,
+    overwrite: bool = False,
 ) -> Results:
     """Run several configs one after another on one cluster; one results table for all.
 
@@ -233,6 +220,11 @@ def compare(
     synchronous data-parallel program) and ``name`` labels the run. Both runtimes run it: the
     simulator calls it in this process, Dask ships it to the workers with cloudpickle (which
     pickles a notebook's functions by value).
+
+    ``out`` (:mod:`scaledl_lab.folders`): an existing non-empty folder is refused unless
+    ``overwrite``; the run writes into ``<out>.partial-<time>`` beside it, renamed ``out`` when
+    the run ends (the old folder goes only then); a run that fails or is interrupted leaves it
+    there, and its error names it. A resumed run appends to its own folder in place.
     """
     from .runtime.dask.cluster import connect
 
@@ -245,96 +237,101 @@ def compare(
             check_resources(cfg)
         check_data(cfg)
     labels = _unique_labels(configs)
-    out_dir = Path(out) if out is not None else None
+    target = Path(out) if out is not None else None
     saving = [c for c in configs if c.checkpoint_every is not None]
-    if saving and (out_dir is None or len(configs) > 1):
+    if saving and (target is None or len(configs) > 1):
         raise ConfigError("checkpoint_every needs one run and a results folder (out=...)")
-    rows: list[dict[str, Any]] = []
-    offset = 0.0  # a resumed run's wall-clock rows go on from the kept rows' end (simulated
-    if resume is not None and out_dir is not None:  # ranks: from their checkpointed clocks)
-        rows, end = kept_rows(out_dir, resume)
-        offset = 0.0 if configs[0].runtime == "sim" else end
-    writer = Writer(out_dir, saving[0].workers, offset) if saving and out_dir else None
-    append = _CsvAppender(out_dir / "metrics.csv") if out_dir else None
-    if append and rows:
-        append(rows)
-    if out_dir:  # a run that stops early still leaves its config beside its metrics
-        write_config(out_dir, configs)
-    events: list[dict[str, Any]] = []
-    outputs: dict[str, list[dict[str, Any]]] = {}
-    timelines: dict[str, list[Any]] = {}
+    staging: Any = contextlib.nullcontext(target)  # none, or a resumed run's own folder
+    if target is not None and resume is None:
+        staging = folders.staged(target, overwrite=overwrite)
+    with staging as out_dir:
+        rows: list[dict[str, Any]] = []
+        offset = 0.0  # a resumed run's wall-clock rows go on from the kept rows' end (simulated
+        if resume is not None and out_dir is not None:  # ranks: from their checkpointed clocks)
+            rows, end = kept_rows(out_dir, resume)
+            offset = 0.0 if configs[0].runtime == "sim" else end
+        writer = Writer(out_dir, saving[0].workers, offset) if saving and out_dir else None
+        # a run that stops early still leaves its config beside its metrics
+        append = None
+        if out_dir:
+            started = functools.partial(write_config, out_dir, configs)
+            append = folders.MetricsFile(out_dir / "metrics.csv", started)
+            if resume is not None:  # its table restarts from the rows it keeps
+                (out_dir / "metrics.csv").unlink(missing_ok=True)
+        if append and rows:
+            append(rows)
+        events: list[dict[str, Any]] = []
+        outputs: dict[str, list[dict[str, Any]]] = {}
+        timelines: dict[str, list[Any]] = {}
 
-    def execute(client: Any) -> None:
-        for cfg, label in zip(configs, labels, strict=False):
-            bar = _progress_bar(cfg, label) if progress else None
+        def execute(client: Any) -> None:
+            for cfg, label in zip(configs, labels, strict=False):
+                bar = _progress_bar(cfg, label) if progress else None
 
-            per_epoch = steps_per_epoch_of(cfg) if bar is not None else 0
+                per_epoch = steps_per_epoch_of(cfg) if bar is not None else 0
 
-            def collect(
-                batch: list[dict[str, Any]], bar: Any = bar, per_epoch: int = per_epoch
-            ) -> None:
-                if any(is_event(r) for r in batch):
-                    events.extend(r for r in batch if is_event(r))
-                    batch = [r for r in batch if not is_event(r)]
-                if any(is_checkpoint(r) for r in batch):
+                def collect(
+                    batch: list[dict[str, Any]], bar: Any = bar, per_epoch: int = per_epoch
+                ) -> None:
+                    if any(is_event(r) for r in batch):
+                        events.extend(r for r in batch if is_event(r))
+                        batch = [r for r in batch if not is_event(r)]
+                    if any(is_checkpoint(r) for r in batch):
+                        for r in batch:
+                            if is_checkpoint(r) and writer is not None:
+                                writer(r)
+                        batch = [r for r in batch if not is_checkpoint(r)]
                     for r in batch:
-                        if is_checkpoint(r) and writer is not None:
-                            writer(r)
-                    batch = [r for r in batch if not is_checkpoint(r)]
-                for r in batch:
-                    r["time"] += offset
-                    if r["kind"] == "worker-lost" and writer is not None:
-                        writer.lose(int(r["rank"]))
-                rows.extend(batch)
-                if append:
-                    append(batch)
-                if bar is not None:
-                    # Progress in epochs (global progress for asynchronous methods, where
-                    # ranks take different numbers of steps), shown in steps per worker.
-                    epochs = [r["epoch"] for r in batch if r["kind"] == "train"]
-                    if epochs:
-                        done = min(round(max(epochs) * per_epoch), bar.total)
-                        bar.update(max(0, done - bar.n))
-                if on_rows:
-                    on_rows(batch)
+                        r["time"] += offset
+                        if r["kind"] == "worker-lost" and writer is not None:
+                            writer.lose(int(r["rank"]))
+                    rows.extend(batch)
+                    if append:
+                        append(batch)
+                    if bar is not None:
+                        # Progress in epochs (global progress for asynchronous methods, where
+                        # ranks take different numbers of steps), shown in steps per worker.
+                        epochs = [r["epoch"] for r in batch if r["kind"] == "train"]
+                        if epochs:
+                            done = min(round(max(epochs) * per_epoch), bar.total)
+                            bar.update(max(0, done - bar.n))
+                    if on_rows:
+                        on_rows(batch)
 
-            try:
-                point = (str(out_dir.resolve()), resume) if resume is not None else None
-                outcome = execute_run(
-                    cfg, label, collect, client=client, program=strategy, resume=point
-                )
-                outputs[label] = [
-                    o if weights else {k: v for k, v in o.items() if k != "state_dict"}
-                    for o in outcome.results
-                ]
-                if outcome.events is not None:
-                    timelines[label] = outcome.events
-            except RunError as exc:
-                raise type(exc)(f"{exc}{left_on_disk(out_dir)}") from exc
-            except KeyboardInterrupt:
-                if log is not None and out_dir is not None:
-                    log(f"interrupted{left_on_disk(out_dir)}")
-                raise
-            finally:
-                if bar is not None:
-                    bar.close()
+                try:
+                    point = (str(out_dir.resolve()), resume) if resume is not None else None
+                    outcome = execute_run(
+                        cfg, label, collect, client=client, program=strategy, resume=point
+                    )
+                    outputs[label] = [
+                        o if weights else {k: v for k, v in o.items() if k != "state_dict"}
+                        for o in outcome.results
+                    ]
+                    if outcome.events is not None:
+                        timelines[label] = outcome.events
+                except RunError as exc:
+                    raise type(exc)(f"{exc}{left_on_disk(out_dir)}") from exc
+                finally:
+                    if bar is not None:
+                        bar.close()
 
-    if client is not None or all(c.runtime == "sim" for c in configs):
-        execute(client)
-    else:
-        # Only the real runs need processes: sim workers all live in this one.
-        real = max(c.workers for c in configs if c.runtime != "sim")
-        with connect(real, address, log=log, security=security) as own_client:
-            execute(own_client)
-    results = Results(
-        frame=to_frame(rows),
-        configs=configs,
-        outputs=outputs,
-        timelines=timelines,
-        events=events_frame(events),
-    )
-    if out_dir:
-        results.save(out_dir)
+        if client is not None or all(c.runtime == "sim" for c in configs):
+            execute(client)
+        else:
+            # Only the real runs need processes: sim workers all live in this one.
+            real = max(c.workers for c in configs if c.runtime != "sim")
+            with connect(real, address, log=log, security=security) as own_client:
+                execute(own_client)
+        results = Results(
+            frame=to_frame(rows),
+            configs=configs,
+            outputs=outputs,
+            timelines=timelines,
+            events=events_frame(events),
+        )
+        if out_dir:
+            results.save(out_dir)
+    results.out_dir = target
     return results
 
 

@@ -82,3 +82,9 @@ def layer_sizes(cfg: Any) -> list[int]:
         layer = name.rsplit(".", 1)[0]
         sizes[layer] = sizes.get(layer, 0) + p.numel()
     return list(sizes.values())
+
+
+def partial_of(out: Path) -> Path:
+    """The partial folder a failed run into ``out`` left beside it (``<out>.partial-<time>``)."""
+    [partial] = sorted(out.parent.glob(f"{out.name}.partial-*"))
+    return partial

@@ -8,7 +8,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from common import SMALL
+from common import SMALL, partial_of
 
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
 from scaledl_lab.cli import main
@@ -65,10 +65,11 @@ def test_a_run_stopped_by_a_dead_worker_says_where_its_checkpoint_is_and_resumes
     cfg = ExperimentConfig(strategy="allreduce", workers=2, checkpoint_every=4, **BASE)
     with pytest.raises(WorkerLostError, match=r"metrics so far are in .*metrics.csv, the config "
                        r"in config.json, the last checkpoint \(step 8\) in"):  # fmt: skip
-        run(cfg.replace(faults="kill:1:10"), out=tmp_path, progress=False)
-    assert (tmp_path / "config.json").exists()
-    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["latest.json", "step8"]
-    resumed = resume(tmp_path, progress=False, log=None)  # the resumed run injects no fault
+        run(cfg.replace(faults="kill:1:10"), out=tmp_path / "r", progress=False)
+    partial = partial_of(tmp_path / "r")  # beside where a finished run would be
+    assert (partial / "config.json").exists()
+    assert sorted(p.name for p in (partial / "checkpoint").iterdir()) == ["latest.json", "step8"]
+    resumed = resume(partial, progress=False, log=None)  # the resumed run injects no fault
     straight = run(cfg.replace(checkpoint_every=None), progress=False)
     assert train_rows(resumed.frame).equals(train_rows(straight.frame))
     assert not list(tmp_path.rglob("*.tmp"))  # every file landed whole
@@ -109,9 +110,9 @@ def test_a_resumed_dask_run_continues_from_the_checkpoint_step(tmp_path):
                            **{**BASE, "runtime": "dask", "max_steps": 10})  # fmt: skip
     with connect(2, dashboard=False, log=None) as client:
         with pytest.raises(WorkerLostError, match=r"the last checkpoint \(step 5\)"):
-            run(cfg.replace(faults="kill:1:7"), client=client, out=tmp_path, progress=False)
+            run(cfg.replace(faults="kill:1:7"), client=client, out=tmp_path / "r", progress=False)
     with connect(2, dashboard=False, log=None) as client:
-        resumed = resume(tmp_path, client=client, progress=False, log=None)
+        resumed = resume(partial_of(tmp_path / "r"), client=client, progress=False, log=None)
         straight = run(cfg.replace(checkpoint_every=None), client=client, progress=False)
     train = resumed.frame[resumed.frame.kind == "train"]
     assert train.groupby("rank").step.apply(list).tolist() == [list(range(1, 11))] * 2

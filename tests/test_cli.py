@@ -307,10 +307,11 @@ def test_reproduce_long_runs_the_long_comparison(tmp_path, monkeypatch, capsys):
 
     calls = []
 
-    def fake(*, out, jobs):
-        calls.append((out, jobs))
-        (tmp_path / "summary.md").write_text("# long\n")
+    def fake(*, out, jobs):  # it writes into a partial folder, moved to --out at the end
+        calls.append((out.name.startswith(f"{tmp_path.name}.partial-"), jobs))
+        (out / "summary.md").write_text("# long\n")
 
     monkeypatch.setattr(long_run, "reproduce_long", fake)
     assert main(["reproduce", "--long", "--out", str(tmp_path), "--jobs", "3"]) == 0
-    assert calls == [(str(tmp_path), 3)] and "# long" in capsys.readouterr().out
+    assert calls == [(True, 3)] and "# long" in capsys.readouterr().out
+    assert (tmp_path / "summary.md").read_text() == "# long\n"

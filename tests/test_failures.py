@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from common import partial_of
 
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
 from scaledl_lab.data import DatasetNotFoundError
@@ -47,9 +48,9 @@ def test_killed_worker_ends_run_with_clear_error_and_partial_metrics(tmp_path):
             match=rf"worker {victim} \(rank 1\) died during run "
             r"'allreduce-dask-2w'.*metrics so far are in",
         ):
-            run(cfg, client=client, out=tmp_path, on_rows=on_rows, progress=False)
+            run(cfg, client=client, out=tmp_path / "r", on_rows=on_rows, progress=False)
         assert time.monotonic() - started < 90
-    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    lines = (partial_of(tmp_path / "r") / "metrics.csv").read_text().splitlines()
     assert lines[0].startswith("run,strategy,runtime")
     assert len(lines) > 2
 

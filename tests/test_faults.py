@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from common import SMALL
+from common import SMALL, partial_of
 
 import scaledl_lab.strategies as strategies
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
@@ -79,8 +79,8 @@ def test_synchronous_runs_stop_with_a_clear_error(strategy, tmp_path):
     cfg = ExperimentConfig(strategy=strategy, **FAULTY)
     with pytest.raises(WorkerLostError, match=r"rank 1 died after step 3 .*synchronous run "
                        r"cannot continue.*metrics so far are in"):  # fmt: skip
-        run(cfg, out=tmp_path, progress=False)
-    saved = pd.read_csv(tmp_path / "metrics.csv")
+        run(cfg, out=tmp_path / "r", progress=False)
+    saved = pd.read_csv(partial_of(tmp_path / "r") / "metrics.csv")
     train = saved[saved.kind == "train"]
     assert train[train["rank"] == 1].step.tolist() == [1, 2, 3]  # every row up to the kill
     assert train.groupby("rank").step.max().min() >= 2
@@ -128,9 +128,10 @@ def _dask_run(strategy: str, workers: int, tmp_path):
                            faults="kill:1:4", **options)  # fmt: skip
     with connect(workers, dashboard=False, log=None) as client:
         try:
-            return run(cfg, client=client, out=tmp_path, progress=False, log=None)
-        finally:
-            saved = pd.read_csv(tmp_path / "metrics.csv")
+            return run(cfg, client=client, out=tmp_path / "r", progress=False, log=None)
+        finally:  # a finished run's folder, or a stopped one's partial folder
+            done = tmp_path / "r"
+            saved = pd.read_csv((done if done.exists() else partial_of(done)) / "metrics.csv")
             train = saved[saved.kind == "train"]
             assert train[train["rank"] == 1].step.tolist() == [1, 2, 3, 4]  # nothing lost
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from common import SMALL, max_diff
+from common import SMALL, max_diff, partial_of
 
 from scaledl_lab import DivergenceError, ExperimentConfig, run
 from scaledl_lab.models import build_model, count_parameters
@@ -118,8 +118,9 @@ def test_metrics_table(client):
 def test_divergence_stops_with_reason(client, tmp_path):
     cfg = ExperimentConfig(strategy="allreduce", workers=2, model="mlp", **{**SMALL, "lr": 1e6})
     with pytest.raises(DivergenceError, match=r"training diverged: loss=(nan|inf)"):
-        run(cfg, client=client, progress=False, out=tmp_path)
-    assert (tmp_path / "metrics.csv").read_text().count("\n") > 1  # the steps before it
+        run(cfg, client=client, progress=False, out=tmp_path / "r")
+    metrics = partial_of(tmp_path / "r") / "metrics.csv"
+    assert metrics.read_text().count("\n") > 1  # the steps before it
 
 
 def test_state_dict_is_cpu_tensors(client):

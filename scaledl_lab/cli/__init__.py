@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import families
+from .. import families, folders
 from ..config import (
     DATASETS,
     IMPLEMENTED_RUNTIMES,
@@ -25,6 +25,9 @@ from . import large_batch, options
 from . import plan as plan_cli
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+OVERWRITE_HELP = "replace an existing non-empty --out folder (when the new run has ended)"
+# The exit status of a run stopped by Ctrl-C: 128 + SIGINT, as shells report it (errors: 1).
+INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated only: full Fashion-MNIST, 20 epochs, seeds and a learning-rate grid",
     )
     rep.add_argument("--out", default=None, help="results folder (default results/reproduce*)")
+    rep.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     rep.add_argument(
         "--jobs",
         type=int,
@@ -57,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="quick mode (also SCALEDL_QUICK=1)")
     _cluster_options(run)
     run.add_argument("--out", default=None, help="results folder (default results/<label>)")
+    run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     res = sub.add_parser("resume", help="continue a run from the last checkpoint in its folder")
     res.add_argument("results_dir", help="the run's results folder (--out of `run`)")
@@ -210,7 +215,9 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
     cfg = _config_from_args(args)
     out = args.out or _results_dir(cfg)
-    results = run(cfg, address=args.address, out=out, security=_security(args))
+    results = run(
+        cfg, address=args.address, out=out, security=_security(args), overwrite=args.overwrite
+    )
     print(results.summary().to_string(index=False))
     for warning in results.warnings():
         print(f"warning: {warning}")
@@ -226,18 +233,26 @@ def _cmd_resume(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> None:
+    is_q = args.quick or args.smoke or is_quick()
+    default = "results/reproduce" + (
+        "-long" if args.long else "-smoke" if args.smoke else "-quick" if is_q else ""
+    )
+    out = Path(args.out or default)
+    security = _security(args)
+    with folders.staged(out, overwrite=args.overwrite) as partial:  # as `run` writes its own
+        _reproduce_into(partial, args, is_q, security)
+    print((out / "summary.md").read_text())
+    print(f"results written to {out}")
+
+
+def _reproduce_into(out: Path, args: argparse.Namespace, is_q: bool, security: Any) -> None:
     if args.long:
         from ..studies.long_run import reproduce_long
 
-        out = args.out or "results/reproduce-long"
         reproduce_long(out=out, jobs=args.jobs)
-        print((Path(out) / "summary.md").read_text())
         return
     from ..studies.reproduce import reproduce, smoke_configs
 
-    is_q = args.quick or args.smoke or is_quick()
-    default = "results/reproduce" + ("-smoke" if args.smoke else "-quick" if is_q else "")
-    out = args.out or default
     configs, traffic = (smoke_configs(), []) if args.smoke else (None, None)
     reproduce(
         is_quick=is_q,
@@ -245,11 +260,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> None:
         address=args.address,
         configs=configs,
         traffic=traffic,
-        security=_security(args),
+        security=security,
         jobs=args.jobs,
     )
-    print((Path(out) / "summary.md").read_text())
-    print(f"results written to {out}")
 
 
 # Each subcommand's handler: it returns the exit status, or None for 0.
@@ -270,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args) or 0
-    except (ConfigError, RunError, FileNotFoundError, ValueError) as exc:  # CostModelError too
+    except (ConfigError, RunError, OSError, ValueError) as exc:  # CostModelError too
         print(f"scaledl-lab: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # the run's own partial results stay, named in its note
+        notes = "; ".join(getattr(exc, "__notes__", []))
+        print("scaledl-lab: interrupted" + (f"; {notes}" if notes else ""), file=sys.stderr)
+        return INTERRUPTED

@@ -124,9 +124,12 @@ def compare_side_by_side(
     **where: Any,
 ) -> Results:
     """:func:`scaledl_lab.experiment.compare` of ``configs`` through :func:`run_side_by_side`:
-    one results folder with every run, in ``configs``' order."""
+    one results folder with every run, in ``configs``' order (saved into ``out`` as it is: a
+    study's command owns its folder, which may hold its other parts already)."""
     if jobs <= 1:
-        return compare(configs, out=out, progress=progress, **where)
+        results = compare(configs, progress=progress, **where)
+        results.save(out)
+        return results
     frame = run_side_by_side(configs, jobs=jobs, progress=progress, **where)
     return saved_apart(frame, configs, Path(out))
 

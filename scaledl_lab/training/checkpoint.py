@@ -252,8 +252,8 @@ def check_rows(path: Path, frame: pd.DataFrame, step: int, ranks: list[int]) -> 
 
 def left_on_disk(out_dir: Path | None) -> str:
     """Where a run that stopped early left its metrics, config and last checkpoint."""
-    if out_dir is None:
-        return ""
+    if out_dir is None or not (out_dir / "metrics.csv").exists():
+        return ""  # nothing measured yet (the folder is discarded)
     try:
         step = latest_step(out_dir)
     except ConfigError:  # a damaged latest.json: the run's own error comes first

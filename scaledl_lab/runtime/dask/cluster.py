@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from ...errors import ConfigError
 # whose arena reused the CNN's batch-256 buffers worse than the main arena (plain DDP trained
 # ~10% slower from a second thread than from the main one, and as fast with one arena). One
 # arena per worker: ours vs DDP at batch 256 went from x0.86 to x0.95 (bench_sync_sgd.py).
+# How long attaching to a scheduler may take (Dask's default is 30 s): an address that nobody
+# answers fails in this time, with one line naming it.
+CONNECT_S = 10.0
 WORKER_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
@@ -111,12 +115,31 @@ def tls_security(
     for path in (ca_file, cert, key):
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"TLS file {path} does not exist")
+    _check_pem(str(ca_file), str(cert), None if key is None else str(key))
     return Security(
         tls_ca_file=str(ca_file),
         tls_client_cert=str(cert),
         tls_client_key=None if key is None else str(key),
         require_encryption=True,
     )
+
+
+def _check_pem(ca_file: str, cert: str, key: str | None) -> None:
+    """A ConfigError naming the file that is not PEM (or a key that does not match its
+    certificate), rather than the TLS layer's traceback when the client connects."""
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=ca_file)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"TLS CA file {ca_file} is not a PEM certificate ({exc.reason})"
+        ) from None
+    try:
+        ssl.create_default_context().load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        files = f"{cert} (with the key in {key})" if key else cert
+        raise ConfigError(
+            f"TLS certificate {files} is not a PEM certificate with its private key ({exc.reason})"
+        ) from None
 
 
 def _check_tls(address: str, security: Security | None) -> None:
@@ -129,6 +152,10 @@ def _check_tls(address: str, security: Security | None) -> None:
             "--tls-ca-file, --tls-cert and --tls-key (Python: security=tls_security(...) or a "
             "distributed.security.Security), or set distributed.comm.tls.* in Dask's config"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 @contextlib.contextmanager
@@ -149,7 +176,13 @@ def connect(
     """
     if address is not None:
         _check_tls(address, security)
-        client = Client(address, security=security)
+        try:
+            client = Client(address, security=security, timeout=CONNECT_S)
+        except OSError as exc:  # refused, unreachable, or no answer in time
+            raise ConfigError(
+                f"cannot reach the Dask scheduler at {address} (waited {CONNECT_S:g} s): is it "
+                f"running, and is the address right? ({_first_line(exc)})"
+            ) from None
         try:
             if log:
                 log(f"Attached to Dask scheduler {address} (dashboard: {client.dashboard_link})")

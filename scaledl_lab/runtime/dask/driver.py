@@ -22,7 +22,8 @@ from ...errors import ConfigError, RunError, WorkerLostError
 from ..base import Launch, Outcome
 from .cluster import live_workers
 from .devices import plan_devices, probe
-from .worker import ServerHost, free_port, run_rank, take_rows
+from .rendezvous import free_port
+from .worker import ServerHost, run_rank, take_rows
 
 POLL_S = 0.25
 # How often the driver asks the scheduler which workers are alive. A worker missing from that
@@ -71,10 +72,10 @@ def run_dask(
     # Which device each rank trains on, from what its worker sees: errors before any work.
     probes = [client.submit(probe, workers=[a], pure=False) for a in addresses]
     devices = plan_devices(launch.device, client.gather(probes))
-    # The rendezvous is on rank 0's worker, at the address the other workers reach it by.
+    # The rendezvous is on rank 0's worker, at the address the other workers reach it by (its
+    # store listens on that interface only).
     host = urlparse(addresses[0]).hostname
-    host = f"[{host}]" if ":" in host else host  # IPv6
-    port = client.submit(free_port, workers=[addresses[0]], pure=False).result()
+    port = client.submit(free_port, host, workers=[addresses[0]], pure=False).result()
     queue_name = f"scaledl-{uuid.uuid4().hex}"
     queue = Queue(queue_name, client=client)
     lost_ranks = Variable(f"{queue_name}-lost", client=client)  # read by tolerant runs' ranks
@@ -91,7 +92,7 @@ def run_dask(
             run_rank,
             launch,
             rank,
-            f"tcp://{host}:{port}",
+            (host, port),
             queue_name,
             actors,
             server_hosts,

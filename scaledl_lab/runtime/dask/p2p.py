@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ..base import clone_tensors
 from ..servers import Answer, ServerLoop
+from .rendezvous import gloo_options, master_store, worker_host
 
 CALL, REPLY = 1, 2  # the tags of the two directions
 FIRST = 1024  # bytes of a value's first message: its description's length, and what fits of it
@@ -115,12 +116,14 @@ class _Raised:
 class P2PServer:
     """The server's side: its group's rendezvous, the receiver threads and the serving thread."""
 
-    def __init__(self, loop: ServerLoop, ranks: int, timeout_s: float) -> None:
+    def __init__(
+        self, loop: ServerLoop, ranks: int, timeout_s: float, host: str | None = None
+    ) -> None:
         self.loop, self.ranks = loop, ranks
         self.timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(
-            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=self.timeout
-        )
+        # Its store and its group listen on this worker's interface only (:mod:`.rendezvous`).
+        self.host = host or worker_host()
+        self.store = master_store(self.host, 0, self.timeout)
         self.calls: queue.Queue[tuple[int, str, tuple[Any, ...]] | None] = queue.Queue()
         self.pg: Any = None
         self.sends: dict[int, list[Any]] = {}  # each rank's last reply, until it is taken
@@ -159,7 +162,8 @@ class P2PServer:
 
     def _serve(self) -> None:
         try:
-            self.pg = dist.ProcessGroupGloo(self.store, self.ranks, self.ranks + 1, self.timeout)
+            options = gloo_options(self.host, self.timeout)
+            self.pg = dist.ProcessGroupGloo(self.store, self.ranks, self.ranks + 1, options)
         except RuntimeError:  # a rank never came: each rank hears of it by its own timeout
             return
         for rank in range(self.ranks):
@@ -185,7 +189,8 @@ class P2PClient:
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(address["ip"], address["port"], is_master=False, timeout=timeout)
         self.server = address["size"] - 1
-        self.pg = dist.ProcessGroupGloo(store, rank, address["size"], timeout)
+        options = gloo_options(worker_host(), timeout)  # listening on this worker's interface
+        self.pg = dist.ProcessGroupGloo(store, rank, address["size"], options)
         self.sends: list[Any] = []
         self.reply: tuple[torch.Tensor, Any] | None = None  # the posted first message
 

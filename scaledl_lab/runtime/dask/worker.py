@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
+import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from distributed import Queue, get_worker
 
+from ...errors import DivergenceError
 from ..base import Launch, clone_tensors
 from ..memory import freed_memory_kept
 from ..servers import ServerLoop
@@ -22,6 +24,7 @@ from . import serial  # noqa: F401  (bfloat16 results and rows: pickled)
 from .comm import TorchComm
 from .devices import use_device
 from .p2p import P2PServer
+from .rendezvous import gloo_interface, rank_store, worker_host
 
 FLUSH_S = 0.5
 
@@ -111,6 +114,41 @@ def _profiler_paused() -> Iterator[None]:
             worker.loop.add_callback(pc.start)
 
 
+class _ExpectedFailure(logging.Filter):
+    """Drops the worker's "Compute Failed" report (key, task, exception and traceback) of a rank
+    whose run diverged: the driver says so in one line, the error the run stops with. Every
+    other task failure is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Compute Failed"):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (len(args) > 3 and str(args[3]).startswith(f"{DivergenceError.__name__}("))
+
+
+class _ClosedRank(logging.Filter):
+    """Drops "Async instruction for <Task ... execute('<run>-rank<R>-<id>')> ended with
+    CancelledError", which a worker logs when it closes under a running rank: its cluster is
+    closing (Ctrl-C reaches every process of the embedded cluster), and the driver says why."""
+
+    RANK_TASK = re.compile(r"^Async instruction for .*-rank\d+-[0-9a-f]{8}.* ended with Cancel")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.RANK_TASK.match(str(record.msg))
+
+
+def _quiet_expected_failures() -> None:
+    """Install :class:`_ExpectedFailure` and :class:`_ClosedRank` on this worker process's
+    loggers, once."""
+    for name, kind in (
+        ("distributed.worker", _ExpectedFailure),
+        ("distributed.worker.state_machine", _ClosedRank),
+    ):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
+
+
 _SINKS: dict[str, list[_QueueSink]] = {}  # this process's ranks' sinks, by queue
 
 
@@ -122,12 +160,6 @@ def take_rows(queue_name: str) -> list[dict[str, Any]]:
         taken, sink.rows = sink.rows, []
         rows += taken
     return rows
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _shared_origin(device: torch.device) -> float:
@@ -154,7 +186,7 @@ def _clocks() -> tuple[float, float]:
 def run_rank(
     launch: Launch,
     rank: int,
-    init_method: str,
+    rendezvous: tuple[str, int],
     queue_name: str,
     servers: list[Any],
     server_addresses: list[str],
@@ -163,20 +195,37 @@ def run_rank(
 ) -> dict[str, Any]:
     """The one long-running task of a rank: rendezvous, run the program, always leave the group.
 
-    ``device``: the one the driver planned for this worker (:mod:`.devices`); ``server_links``:
-    each server's address for torch.distributed messages (:mod:`.p2p`), or None for actor
-    calls."""
+    ``rendezvous``: the host and port of rank 0's store (on rank 0's worker, listening on that
+    worker's interface only: :mod:`.rendezvous`); ``device``: the one the driver planned for
+    this worker (:mod:`.devices`); ``server_links``: each server's address for
+    torch.distributed messages (:mod:`.p2p`), or None for actor calls."""
     torch.set_num_threads(1)  # one core per worker, as in the reference measurements
     where = use_device(device)
     launch.program.prepare()  # the data first: its arrays are mapped, and go back when freed
     backend = "nccl" if where.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=launch.world_size,
-        timeout=timedelta(seconds=launch.timeout_s),
-    )
+    timeout = timedelta(seconds=launch.timeout_s)
+    _quiet_expected_failures()
+    with gloo_interface(worker_host()):  # this rank's groups listen where its worker does
+        dist.init_process_group(
+            backend,
+            store=rank_store(*rendezvous, rank, timeout),
+            rank=rank,
+            world_size=launch.world_size,
+            timeout=timeout,
+        )
+        return _run_in_group(launch, rank, queue_name, servers, server_addresses, where,
+                             server_links)  # fmt: skip
+
+
+def _run_in_group(
+    launch: Launch,
+    rank: int,
+    queue_name: str,
+    servers: list[Any],
+    server_addresses: list[str],
+    where: torch.device,
+    server_links: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     # the tuning for one run: the worker outlives it, and keeps neither the tuning nor its peak
     with freed_memory_kept():
         try:

@@ -116,7 +116,7 @@ def run_raw(cfg: ExperimentConfig, client: Any = None) -> dict[str, Any]:
 
 def _on_dask(cfg: ExperimentConfig, client: Any) -> dict[str, Any]:
     from ...runtime.dask.driver import worker_addresses
-    from ...runtime.dask.worker import free_port
+    from ...runtime.dask.rendezvous import free_port
 
     addresses = worker_addresses(client)[: cfg.workers]
     if len(addresses) < cfg.workers:
