@@ -122,7 +122,7 @@ def report(runs: dict[str, tuple[pd.DataFrame, float | None, str]], top: int = 2
         "",
     ]
     lines += [
-        "| run | closing line | wall time | summed test time | tests and cells |",
+        "| run | closing line | wall time | summed test time | test phases timed (≥ 5 ms) |",
         "|---|---|---:|---:|---:|",
     ]
     for name, (frame, wall, counts) in runs.items():
