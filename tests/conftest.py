@@ -38,6 +38,7 @@ COSTS = Path(__file__).resolve().parents[1] / "results" / "suite-durations" / "f
 GB_PER_PROCESS = 3  # a test process with its own two-worker LocalCluster and a notebook kernel
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, never called
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one test process per core, as many as memory allows (each holds torch, its
     own two-worker LocalCluster and, for a notebook, a kernel: about 3 GB at their peak)."""
