@@ -44,3 +44,22 @@ class WorkerKilled(BaseException):
 def choices(values: tuple[str, ...]) -> str:
     """The allowed values of a field, as error messages list them."""
     return ", ".join(repr(v) for v in values)
+
+
+class Interrupt:
+    """Ctrl-C, remembered. Python prints and drops an exception raised while a finalizer
+    (``__del__``) runs, so a KeyboardInterrupt that lands in one is lost and the run goes on.
+    The command line's SIGINT handler (:meth:`handler`) also sets this flag, and a run raises
+    the interrupt again at its next batch of rows (:meth:`check`)."""
+
+    pending = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: object) -> None:
+        cls.pending = True
+        raise KeyboardInterrupt
+
+    @classmethod
+    def check(cls) -> None:
+        if cls.pending:
+            raise KeyboardInterrupt

@@ -16,7 +16,7 @@ import pandas as pd
 from . import folders
 from .config import ExperimentConfig, check_resources
 from .environment import environment_info
-from .errors import ConfigError, RunError
+from .errors import ConfigError, Interrupt, RunError
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .training.launch import RowsCallback, check_data, check_program
@@ -273,6 +273,7 @@ def compare(
                 def collect(
                     batch: list[dict[str, Any]], bar: Any = bar, per_epoch: int = per_epoch
                 ) -> None:
+                    Interrupt.check()  # a Ctrl-C that a finalizer swallowed (the CLI's)
                     if any(is_event(r) for r in batch):
                         events.extend(r for r in batch if is_event(r))
                         batch = [r for r in batch if not is_event(r)]

@@ -1,7 +1,8 @@
 """Results folders, never overwritten or mixed: a run writes into a partial folder beside its
 ``out`` and moves it into place only when it ends; a run that fails leaves it there, named so.
 
-An existing non-empty ``out`` is refused before any work unless the caller says ``overwrite``;
+An existing non-empty ``out`` is refused before any work unless the caller says ``overwrite``
+(a command's default folder is not refused: the run takes the next free ``<out>-N`` and says so);
 then the old folder is replaced at the moment the new run has ended, not before. A failed or
 interrupted run leaves the old folder whole and its own rows, config and checkpoints beside it
 in ``<out>.partial-<time>``, which ``resume`` continues in place.
@@ -48,6 +49,22 @@ def check_out(out: Path, *, overwrite: bool = False) -> None:
         raise ConfigError(f"cannot use results folder {out}: {exc.strerror}") from None
     if not above.is_dir():
         raise ConfigError(f"--out {out} cannot be created: {above} is a file, not a folder")
+
+
+def free_default(out: Path, *, overwrite: bool = False) -> tuple[Path, str | None]:
+    """A command's default folder (no ``--out``), never refused nor overwritten unasked: ``out``
+    itself if it is free, empty or ``overwrite`` is given, else the first free ``out-2``,
+    ``out-3``, ... and a line that says which folder the run writes instead."""
+    if overwrite or not out.is_dir() or not any(out.iterdir()):
+        return out, None
+    for n in range(2, 10_000):
+        other = out.with_name(f"{out.name}-{n}")
+        if not other.exists() or (other.is_dir() and not any(other.iterdir())):
+            return other, (
+                f"{out} holds an earlier run: this one writes {other} "
+                f"(--overwrite replaces {out}; --out chooses the folder)"
+            )
+    raise ConfigError(f"{out}-2 to {out}-9999 are all taken: choose the folder with --out")
 
 
 def start(out: Path, *, overwrite: bool = False) -> Path:

@@ -18,6 +18,7 @@ import pytest
 
 from scaledl_lab import ConfigError, DivergenceError, ExperimentConfig, run
 from scaledl_lab.cli import main
+from scaledl_lab.errors import Interrupt
 from scaledl_lab.runtime.dask import cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +80,31 @@ def test_an_existing_results_folder_is_refused_unless_overwrite(tmp_path, capsys
     empty.mkdir()  # an empty folder is no one's results
     run(CFG.replace(max_steps=2), out=empty, progress=False, log=None)
     assert (empty / "metrics.csv").exists()
+
+
+def test_a_default_folder_that_holds_a_run_is_kept_and_the_next_run_says_where_it_writes(
+    tmp_path, capsys, monkeypatch
+):
+    """No --out: the README's `reproduce --quick` meets its committed folder, and two runs that
+    differ only in --lr share a label. Neither is refused nor overwritten unasked."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", *C, "--max-steps", "2", "--name", "t"]
+    assert main(argv) == 0
+    first = files(tmp_path / "results" / "t")
+    capsys.readouterr()
+    assert main([*argv, "--lr", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        "results/t holds an earlier run: this one writes results/t-2 "
+        "(--overwrite replaces results/t; --out chooses the folder)"
+    )
+    assert files(tmp_path / "results" / "t") == first  # untouched
+    second = json.loads((tmp_path / "results" / "t-2" / "config.json").read_text())
+    assert second["runs"][0]["lr"] == 0.5
+    assert main([*argv, "--lr", "0.25", "--overwrite"]) == 0  # asked: the first is replaced
+    third = json.loads((tmp_path / "results" / "t" / "config.json").read_text())
+    assert third["runs"][0]["lr"] == 0.25
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["t", "t-2"]
 
 
 def test_a_failed_run_leaves_the_old_results_whole_and_its_own_beside_them(tmp_path, capsys):
@@ -170,8 +196,15 @@ def test_ctrl_c_prints_one_line_and_keeps_the_partial_results(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "scaledl_lab.cli", "run", *C, "--epochs", "1000"]
     argv += ["--out", str(out)]
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    # Ctrl-C's default action in the child, whatever this process inherited: a shell starts
+    # background jobs (and so some test runners) with SIGINT ignored, which a child keeps.
+    def default_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    env["PYTHONFAULTHANDLER"] = "1"  # a child that does not stop says where it is (SIGABRT)
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, preexec_fn=default_sigint, **pipes)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the run has written rows
@@ -182,7 +215,13 @@ def test_ctrl_c_prints_one_line_and_keeps_the_partial_results(tmp_path):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate()
+            where = [x for x in err.replace("\r", "\n").splitlines() if "step/s" not in x]
+            pytest.fail("still running 60 s after Ctrl-C:\n" + "\n".join(where[-60:]))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -238,3 +277,12 @@ def test_a_divergence_on_dask_leaves_no_compute_failed_in_the_workers_logs(clien
         run(cfg, client=client, progress=False, log=None)
     logged = [m for messages in client.run(heard).values() for m in messages]
     assert not [m for m in logged if m.startswith("Compute Failed")], logged
+
+
+def test_a_ctrl_c_that_a_finalizer_swallowed_stops_the_run_at_its_next_rows(monkeypatch, tmp_path):
+    """Python prints and drops a KeyboardInterrupt raised inside a ``__del__`` (seen: a
+    ledger's, mid-run, and the run went on); the CLI's handler also sets Interrupt.pending."""
+    monkeypatch.setattr(Interrupt, "pending", True)  # as the handler leaves it
+    with pytest.raises(KeyboardInterrupt):
+        run(CFG.replace(max_steps=50), out=tmp_path / "r", progress=False, log=None)
+    assert not (tmp_path / "r").exists() and partials(tmp_path / "r") == []  # nothing written

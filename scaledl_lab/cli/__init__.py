@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -18,7 +20,7 @@ from ..config import (
     is_quick,
     quick,
 )
-from ..errors import RunError
+from ..errors import Interrupt, RunError
 from ..models import MODELS
 from ..runtime.sim.cost import DEVICES, NETWORKS
 from . import large_batch, options
@@ -127,6 +129,14 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     return quick(cfg, keep=given) if (args.quick or is_quick()) else cfg
 
 
+def _default_out(default: str, args: argparse.Namespace) -> Path:
+    """The default folder, or the next free ``-N`` beside it, said in one line."""
+    out, note = folders.free_default(Path(default), overwrite=args.overwrite)
+    if note:
+        print(note)
+    return out
+
+
 def _results_dir(cfg: ExperimentConfig) -> str:
     """``results/<label>``: a label that would leave ``results/`` (a path) is refused."""
     name = cfg.label
@@ -214,7 +224,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from ..experiment import run
 
     cfg = _config_from_args(args)
-    out = args.out or _results_dir(cfg)
+    out = args.out or _default_out(_results_dir(cfg), args)
     results = run(
         cfg, address=args.address, out=out, security=_security(args), overwrite=args.overwrite
     )
@@ -237,7 +247,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> None:
     default = "results/reproduce" + (
         "-long" if args.long else "-smoke" if args.smoke else "-quick" if is_q else ""
     )
-    out = Path(args.out or default)
+    out = Path(args.out or _default_out(default, args))
     security = _security(args)
     with folders.staged(out, overwrite=args.overwrite) as partial:  # as `run` writes its own
         _reproduce_into(partial, args, is_q, security)
@@ -281,6 +291,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Ctrl-C is remembered as well as raised: one that a finalizer swallows is raised again at
+    # the run's next rows (errors.Interrupt). Only where Ctrl-C has Python's default action.
+    own = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    hook = sys.unraisablehook
+    if own:
+        Interrupt.pending = False
+        signal.signal(signal.SIGINT, Interrupt.handler)
+        sys.unraisablehook = functools.partial(_unraisable, hook)  # no traceback for it
     try:
         return COMMANDS[args.command](args) or 0
     except (ConfigError, RunError, OSError, ValueError) as exc:  # CostModelError too
@@ -290,3 +308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes = "; ".join(getattr(exc, "__notes__", []))
         print("scaledl-lab: interrupted" + (f"; {notes}" if notes else ""), file=sys.stderr)
         return INTERRUPTED
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.unraisablehook = hook
+
+
+def _unraisable(hook: Callable[[Any], None], unraisable: Any) -> None:
+    """Python's report of an exception a finalizer raised, except Ctrl-C's (raised again)."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        hook(unraisable)
