@@ -79,7 +79,7 @@ def test_the_traffic_sweep_runs_nnt_and_a_server_at_growing_n_for_two_steps():
 
 def test_report_from_a_small_run(client, tmp_path):
     configs = [
-        c.replace(train_subset=3200, test_subset=300, val_size=300, epochs=1, batch_size=32)
+        c.replace(train_subset=1536, test_subset=128, val_size=128, epochs=1, batch_size=32)
         for c in rp.paper_configs(is_quick=True)
     ]
     # Two processes, as the command's default: the real runs first, then the simulated ones and
