@@ -4,15 +4,18 @@ crosses, each message at the link between its two ranks' nodes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 from common import SMALL
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
+from scaledl_lab.cli import main
 from scaledl_lab.runtime.sim.cost import NETWORKS, ComputeProfile, CostModel, NetworkProfile
 from scaledl_lab.runtime.sim.network import link_of
 from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.strategies.memory.plan import plan
 
 NUMEL = 2**18  # float32: 1 MiB
 NBYTES = NUMEL * 4
@@ -143,6 +146,32 @@ def test_two_equal_tiers_give_the_one_tier_numbers_bit_for_bit(setting):
     keep = [c for c in one.frame.columns if c != "run"]
     frame = run(two, progress=False).frame
     pd.testing.assert_frame_equal(one.frame[keep], frame[keep], check_exact=True)
+
+
+def test_plan_charges_the_link_between_nodes_and_predicts_the_run():
+    cfg = ExperimentConfig(strategy="zero2", network="h100-node", compute_profile="h100", **SAME)
+    one_node = plan(cfg.replace(workers=4, gpus_per_node=4))
+    two_nodes = plan(cfg.replace(workers=4, gpus_per_node=2))
+    assert two_nodes.step_s > one_node.step_s
+    assert plan(cfg.replace(workers=4)).step_s == one_node.step_s  # default: one node
+    train = run(cfg.replace(workers=4, gpus_per_node=2), progress=False).frame
+    train = train.query("kind == 'train' and rank == 0").sort_values("step")
+    step_s = np.diff(train["time"].to_numpy())[1:]
+    assert step_s == pytest.approx([two_nodes.step_s] * len(step_s), rel=1e-12)
+
+
+def test_plan_command_names_the_placement(capsys):
+    argv = ["plan", "--strategy", "allreduce", "--workers", "8", "--model", "mlp"]
+    assert main([*argv, "--network", "a100-node", "--gpus-per-node", "4"]) == 0
+    assert "step (sim: cpu-core, a100-node, 4 GPUs per node):" in capsys.readouterr().out
+
+
+def test_list_shows_the_two_tier_networks(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("sim two-tier networks"))
+    assert "h100-node" in line and "a100-node" in line and "custom:LAT:BW:INTER_LAT" in line
+    assert "h100-node" not in next(x for x in out.splitlines() if x.startswith("sim networks:"))
 
 
 @pytest.mark.parametrize(
