@@ -16,6 +16,7 @@ from scaledl_lab.runtime.sim.cost import NETWORKS, ComputeProfile, CostModel, Ne
 from scaledl_lab.runtime.sim.network import link_of
 from scaledl_lab.runtime.sim.scheduler import SimWorld
 from scaledl_lab.strategies.memory.plan import plan
+from scaledl_lab.strategies.memory.transformer import Transformer, plan_transformer
 
 NUMEL = 2**18  # float32: 1 MiB
 NBYTES = NUMEL * 4
@@ -158,6 +159,18 @@ def test_plan_charges_the_link_between_nodes_and_predicts_the_run():
     train = train.query("kind == 'train' and rank == 0").sort_values("step")
     step_s = np.diff(train["time"].to_numpy())[1:]
     assert step_s == pytest.approx([two_nodes.step_s] * len(step_s), rel=1e-12)
+
+
+def test_a_transformer_plan_over_two_nodes_pays_the_link_between_them():
+    cfg = ExperimentConfig(
+        strategy="zero3", runtime="sim", model="gpt-tiny", dataset="licenses", workers=16,
+        network="a100-node", compute_profile="a100",
+    )  # fmt: skip
+    model = Transformer.parse("12,768,12,1024,50257")
+    one_node = plan_transformer(cfg.replace(gpus_per_node=16), model)
+    two_nodes = plan_transformer(cfg.replace(gpus_per_node=8), model)
+    assert two_nodes.step_s > one_node.step_s
+    assert two_nodes.bytes_per_step == one_node.bytes_per_step  # the same bytes, a slower link
 
 
 def test_plan_command_names_the_placement(capsys):
