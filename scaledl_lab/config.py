@@ -108,9 +108,8 @@ class ExperimentConfig:
     )
     # Simulated runtime only: the cost model (see scaledl_lab.runtime.sim.cost).
     compute_profile: str = _o("cpu-core", "sim: cpu-core, v100, a100, h100 or a calibration .json")
-    network: str = _o(
-        "loopback", "sim: loopback, 1gbe, 10gbe, 100g-ib, nvlink, custom:LAT:BW, .json"
-    )
+    network: str = _o("loopback", "sim: a network of `scaledl-lab list`, custom:LAT:BW, .json")
+    gpus_per_node: int | None = _o(None, "sim: rank r on node r // G (default 1 node)", metavar="G")
     allreduce_algorithm: str = _o("ring", "sim: ring | recursive-doubling")
     stragglers: str | None = _o(None, "sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:S (commas)")
     # Faults and checkpoints (scaledl_lab.training.faults, scaledl_lab.training.checkpoint).
@@ -241,7 +240,7 @@ CORE_FIELDS = tuple(
 _NUMBERS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
     (("workers", "epochs", "batch_size"), "a positive integer",
      lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
-    (("global_batch_size", "train_subset", "test_subset", "max_steps"),
+    (("global_batch_size", "train_subset", "test_subset", "max_steps", "gpus_per_node"),
      "a positive integer or None", lambda v: v is None or (isinstance(v, int) and v > 0)),
     (("val_size",), "a non-negative integer", lambda v: isinstance(v, int) and not v < 0),
     (("lr", "bucket_mb", "timeout_s"), "a positive number",

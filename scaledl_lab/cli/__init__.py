@@ -23,6 +23,7 @@ from ..config import (
 from ..errors import Interrupt, RunError
 from ..models import MODELS
 from ..runtime.sim.cost import DEVICES, NETWORKS
+from ..runtime.sim.network import CUSTOM_TWO_TIER, TWO_TIER
 from . import large_batch, options
 from . import plan as plan_cli
 
@@ -162,7 +163,10 @@ def _cmd_list() -> None:
     print("datasets: " + ", ".join(DATASETS))
     print("models: " + ", ".join(MODELS))
     print("sim compute profiles: " + ", ".join(DEVICES) + ", or a file from `calibrate`")
-    print("sim networks: " + ", ".join(NETWORKS) + ", custom:LATENCY_S:BANDWIDTH_BPS")
+    one_tier = [name for name, net in NETWORKS.items() if net.tiers == 1]
+    print("sim networks: " + ", ".join(one_tier) + ", custom:LATENCY_S:BANDWIDTH_BPS")
+    print("sim two-tier networks (inside a node, between nodes; --gpus-per-node G): "
+          + ", ".join(TWO_TIER) + ", " + CUSTOM_TWO_TIER)  # fmt: skip
     print(
         "compressors (--compress): none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO, powersgd:RANK"
     )

@@ -94,8 +94,9 @@ def cmd_plan(
         lines.append(f"  {label:22s} {shown}")
     total = sum(v for _, v in rows[3:] if not math.isnan(v))
     lines.append(f"  {'total per worker':22s} {total / 1e6:12.3f} MB")
-    lines.append(f"  step (sim: {cfg.compute_profile}, {cfg.network}): {p.step_s * 1e3:.3f} ms, "
-                 f"{p.bytes_per_step:,} bytes sent per worker")  # fmt: skip
+    nodes = "" if cfg.gpus_per_node is None else f", {cfg.gpus_per_node} GPUs per node"
+    step = f"{p.step_s * 1e3:.3f} ms, {p.bytes_per_step:,} bytes sent per worker"
+    lines.append(f"  step (sim: {cfg.compute_profile}, {cfg.network}{nodes}): {step}")
     fits = None if room_gb is None else total <= room_gb * 1e9
     if room_gb is not None:
         over = f"does not fit: {(total - room_gb * 1e9) / 1e9:.3f} GB over"

@@ -24,6 +24,7 @@ from ..base import (
 )
 from ..collectives import allgather_bytes, ring_reduce_scatter_bytes
 from .mail import Sent, lend
+from .network import NetworkProfile
 
 
 @dataclass
@@ -201,10 +202,11 @@ class SimComm(Comm):
         self.steps = 0
         self.nic_free = 0.0  # when this worker's outgoing link finishes what it was given
 
-    def _inject(self, nbytes: int) -> tuple[float, float]:
-        """Queue ``nbytes`` on this worker's link: (departure of the first, of the last byte)."""
+    def _inject(self, nbytes: int, link: NetworkProfile) -> tuple[float, float]:
+        """Queue ``nbytes`` on this worker's outgoing queue, sent at ``link``'s bandwidth (one
+        queue whatever the link): (departure of the first byte, of the last)."""
         departure = max(self.clock, self.nic_free)
-        self.nic_free = departure + nbytes / self.world.cost.network.bandwidth_Bps
+        self.nic_free = departure + nbytes / link.bandwidth_Bps
         return departure, self.nic_free
 
     def now(self) -> float:
@@ -288,8 +290,9 @@ class SimComm(Comm):
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += nbytes
-        _, done = self._inject(nbytes)
-        self.world._deliver(self.rank, dst, done + self.world.cost.network.latency_s, tensor)
+        link = self.world.cost.link((self.rank, dst))  # the link between the two ranks' nodes
+        _, done = self._inject(nbytes, link)
+        self.world._deliver(self.rank, dst, done + link.latency_s, tensor)
         return _SimSent(self, done)
 
     def irecv(self, tensor: torch.Tensor | None, src: int) -> Incoming:
@@ -310,7 +313,7 @@ class SimComm(Comm):
             return super().call_start(server, method, *args)
         nbytes = tensor_bytes(args)
         self.bytes_sent += nbytes
-        departure, _ = self._inject(nbytes)
+        departure, _ = self._inject(nbytes, self.world.cost.network.inter)  # a host of its own
         call = SimCall(self, server, method, clone_tensors(args))
         self.world._call(call, departure, nbytes)
         return call

@@ -4,6 +4,8 @@ Times follow the latency–bandwidth (Hockney) model: a message of n bytes costs
 ring allreduce costs 2(p−1)/p · n/β + 2(p−1)·α (Patarasuk & Yuan 2009; Thakur et al. 2005);
 recursive doubling costs ⌈log2 p⌉·(α + n/β). Compute time per step is a + b·samples, either
 calibrated on this machine (``scaledl-lab calibrate``) or derived from a device's FLOP rate.
+On a two-tier network (:mod:`.network`) each collective is priced on the slowest link its
+group's ring crosses.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,11 @@ from ..collectives import ring_all_gather_bytes as ring_all_gather_bytes
 from ..collectives import ring_allreduce_bytes as ring_allreduce_bytes
 from ..collectives import ring_reduce_scatter_bytes as ring_reduce_scatter_bytes
 
-
-class CostModelError(ValueError):
-    """An unknown profile or an impossible cost parameter."""
+# The links, the placement of ranks on nodes and the link a transfer crosses (re-exported).
+from .network import CUSTOM_FORMS, custom_network, link_of
+from .network import NETWORKS as NETWORKS
+from .network import CostModelError as CostModelError
+from .network import NetworkProfile as NetworkProfile
 
 
 @dataclass(frozen=True)
@@ -48,28 +53,6 @@ class ComputeProfile:
 
     def step_time(self, samples: int) -> float:
         return self.per_step_s + self.per_sample_s * samples
-
-
-@dataclass(frozen=True)
-class NetworkProfile:
-    """Per-message latency α (s) and bandwidth β (bytes/s)."""
-
-    name: str
-    latency_s: float
-    bandwidth_Bps: float
-
-    def __post_init__(self) -> None:
-        if self.latency_s < 0:
-            raise CostModelError(
-                f"network {self.name!r}: latency must be >= 0, got {self.latency_s}"
-            )
-        if not self.bandwidth_Bps > 0:
-            raise CostModelError(
-                f"network {self.name!r}: bandwidth must be positive, got {self.bandwidth_Bps}"
-            )
-
-    def message_time(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bandwidth_Bps
 
 
 # Peak FP32 rate × a typical achieved fraction for small CNNs (~40%). "cpu-core" is the rate
@@ -95,18 +78,6 @@ MEMORY_RATES: dict[str, float] = {
     "h100": 3.35e12 * 0.7,
 }
 
-NETWORKS: dict[str, NetworkProfile] = {
-    "loopback": NetworkProfile("loopback", 120e-6, 0.9e9),  # gloo on one host (measured here)
-    "1gbe": NetworkProfile("1gbe", 50e-6, 0.125e9),
-    "10gbe": NetworkProfile("10gbe", 20e-6, 1.25e9),
-    "100g-ib": NetworkProfile("100g-ib", 2e-6, 12.5e9),
-    "nvlink": NetworkProfile("nvlink", 2e-6, 150e9),
-    # Between data centres on two continents (DiLoCo's setting): 40 ms one way, half the
-    # ~80 ms round trip that public inter-region latency tables give between US-east and
-    # western Europe, and 1 Gbit/s, what one long-haul TCP stream typically sustains (the low
-    # end of the 1-100 Gbit/s range Streaming DiLoCo's compute-utilisation simulation sweeps).
-    "wan": NetworkProfile("wan", 40e-3, 0.125e9),
-}
 ALLREDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "recursive-doubling")
 
 
@@ -219,12 +190,15 @@ class Stragglers:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Everything the simulator charges time for."""
+    """Everything the simulator charges time for. ``gpus_per_node`` places rank r on node
+    r // G (None: every worker on one node); a transfer is charged at the link it crosses
+    (:func:`.network.link_of`)."""
 
     compute: ComputeProfile
     network: NetworkProfile
     allreduce: str = "ring"
     stragglers: Stragglers = field(default_factory=Stragglers)
+    gpus_per_node: int | None = None
 
     def step_time(self, rank: int, world_size: int, step: int, samples: int) -> float:
         base = self.compute.step_time(samples) * self.stragglers.factor(rank, world_size)
@@ -239,14 +213,25 @@ class CostModel:
             per_byte = APPLY_PASSES / MEMORY_RATES.get(device, MEMORY_RATES["cpu-core"])
         return per_byte * nbytes * self.stragglers.factor(rank, world_size)
 
-    def allreduce_time(self, nbytes: int, world_size: int) -> float:
-        return allreduce_time(nbytes, world_size, self.network, self.allreduce)
+    def link(self, ranks: Sequence[int]) -> NetworkProfile:
+        """The link a collective over ``ranks`` (or a message between two) is charged at."""
+        return link_of(self.network, self.gpus_per_node, ranks)
+
+    def allreduce_time(
+        self, nbytes: int, world_size: int, ranks: Sequence[int] | None = None
+    ) -> float:
+        """An allreduce over ``ranks`` (default: ranks 0 to ``world_size`` − 1)."""
+        link = self.link(range(world_size) if ranks is None else ranks)
+        return allreduce_time(nbytes, world_size, link, self.allreduce)
 
     def allreduce_bytes(self, nbytes: int, world_size: int) -> int:
         return allreduce_bytes(nbytes, world_size, self.allreduce)
 
-    def allgather_time(self, nbytes: int, world_size: int) -> float:
-        return allgather_time(nbytes, world_size, self.network, self.allreduce)
+    def allgather_time(
+        self, nbytes: int, world_size: int, ranks: Sequence[int] | None = None
+    ) -> float:
+        link = self.link(range(world_size) if ranks is None else ranks)
+        return allgather_time(nbytes, world_size, link, self.allreduce)
 
 
 # -- profiles: built-in device rates and calibration files ---------------------------------
@@ -310,31 +295,26 @@ def compute_profile(spec: str, model: str, flops_per_sample: int) -> ComputeProf
 
 
 def network_profile(spec: str) -> NetworkProfile:
-    """A named network, ``custom:LATENCY_S:BANDWIDTH_BPS``, or a calibration file's network."""
+    """A named network, a ``custom:`` one (one link or two tiers), or a calibration file's."""
     if spec in NETWORKS:
         return NETWORKS[spec]
     if spec.startswith("custom:"):
-        try:
-            _, lat, bw = spec.split(":")
-            latency, bandwidth = float(lat), float(bw)
-        except ValueError:
-            raise CostModelError(
-                f"network {spec!r}: use custom:LATENCY_S:BANDWIDTH_BPS, e.g. custom:5e-6:1.25e10"
-            ) from None
-        return NetworkProfile(spec, latency, bandwidth)
+        return custom_network(spec)
     if spec.endswith(".json"):
         return load_calibration(spec)[1]
     raise CostModelError(
         f"network {spec!r} is unknown; allowed: {', '.join(NETWORKS)}, "
-        "custom:LATENCY_S:BANDWIDTH_BPS or a calibration .json file"
+        f"{CUSTOM_FORMS} or a calibration .json file"
     )
 
 
 def build_cost_model(cfg: Any, flops_per_sample: int) -> CostModel:
-    """The cost model a config names (compute profile, network, allreduce, stragglers)."""
+    """The cost model a config names (compute profile, network and placement, allreduce,
+    stragglers)."""
     return CostModel(
         compute=compute_profile(cfg.compute_profile, cfg.model, flops_per_sample),
         network=network_profile(cfg.network),
         allreduce=cfg.allreduce_algorithm,
         stragglers=Stragglers.parse(cfg.stragglers, seed=cfg.seed),
+        gpus_per_node=cfg.gpus_per_node,
     )

@@ -1,6 +1,6 @@
-"""Config checks of the cost-model fields (allreduce algorithm, network, compute profile,
-stragglers), registered with the families' records, so that :func:`scaledl_lab.config.validate`
-runs them before any cluster starts."""
+"""Config checks of the cost-model fields (allreduce algorithm, network and gpus_per_node,
+compute profile, stragglers), registered with the families' records, so that
+:func:`scaledl_lab.config.validate` runs them before any cluster starts."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .cost import (
     compute_profile,
     network_profile,
 )
+from .network import CUSTOM_TWO_TIER, TWO_TIER, NetworkProfile
 
 
 def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
@@ -31,6 +32,26 @@ def _check_stragglers(cfg: Any, stragglers: Stragglers) -> None:
         )
 
 
+def _check_placement(cfg: Any, network: NetworkProfile) -> None:
+    """``gpus_per_node`` places ranks on the nodes of a two-tier network, whole nodes each."""
+    per_node = cfg.gpus_per_node
+    if per_node is None:
+        return
+    if network.tiers == 1:
+        raise CostModelError(
+            f"gpus_per_node={per_node} places ranks on nodes, but network={cfg.network!r} has "
+            "one link for every pair of ranks, so the placement would change nothing; choose a "
+            f"two-tier network ({', '.join(TWO_TIER)} or {CUSTOM_TWO_TIER}), or "
+            "leave gpus_per_node out"
+        )
+    if cfg.workers > per_node and cfg.workers % per_node:
+        raise CostModelError(
+            f"workers={cfg.workers} spans nodes of gpus_per_node={per_node} but does not fill "
+            f"them (rank r lives on node r // {per_node}); choose workers a multiple of "
+            f"{per_node}, or gpus_per_node dividing {cfg.workers}"
+        )
+
+
 @families.register_check
 def check_config(cfg: Any) -> None:
     """Config errors of the cost-model fields (a ConfigError naming the field)."""
@@ -42,7 +63,7 @@ def check_config(cfg: Any) -> None:
             f"allowed: {choices(ALLREDUCE_ALGORITHMS)}"
         )
     try:
-        network_profile(cfg.network)
+        _check_placement(cfg, network_profile(cfg.network))
         _check_stragglers(cfg, Stragglers.parse(cfg.stragglers))
         if cfg.compute_profile not in DEVICES:
             if not cfg.compute_profile.endswith(".json"):

@@ -33,7 +33,7 @@ from .comm import (
     WaitCall,
     WaitRecv,
 )
-from .cost import CostModel, reduce_scatter_time
+from .cost import CostModel, allgather_time, allreduce_time, reduce_scatter_time
 from .mail import Copies, Mail
 from .servers import SimServers, _ServerState
 
@@ -250,7 +250,8 @@ class SimWorld(SimServers):
             if calls[0].tensor is None
             else calls[0].tensor.numel() * calls[0].tensor.element_size()
         )
-        net, algorithm = self.cost.network, self.cost.allreduce
+        # the link the group's ring crosses: inside one node, or between nodes (cost.link)
+        net, algorithm = self.cost.link(members), self.cost.allreduce
         if req.kind == "allreduce":
             # Sum in rank order: deterministic, and for two ranks bit-equal to gloo's a + b.
             total = calls[0].tensor
@@ -258,7 +259,7 @@ class SimWorld(SimServers):
                 total += c.tensor
             for c in calls[1:]:
                 c.tensor.copy_(total)
-            duration = self.cost.allreduce_time(nbytes, len(members))
+            duration = allreduce_time(nbytes, len(members), net, algorithm)
         elif req.kind == "reduce_scatter":
             # The same sums, in the same rank order, as the allreduce's: each member its chunk.
             total = calls[0].tensor.clone()
@@ -275,15 +276,15 @@ class SimWorld(SimServers):
             duration = reduce_scatter_time(nbytes * len(members), len(members), net, algorithm)
         elif req.kind == "allgather":
             gathered = [c.tensor.detach().clone() for c in calls]  # in rank order
-            duration = self.cost.allgather_time(nbytes, len(members))
+            duration = allgather_time(nbytes, len(members), net, algorithm)
         elif req.kind == "broadcast":
             source = arrived[req.src].tensor
             for c in calls:
                 if c.rank != req.src:
                     c.tensor.copy_(source)
-            duration = self.cost.network.message_time(nbytes) if self.world_size > 1 else 0.0
+            duration = net.message_time(nbytes) if self.world_size > 1 else 0.0
         else:
-            duration = self.cost.allreduce_time(0, self.world_size)
+            duration = allreduce_time(0, self.world_size, net, algorithm)
         for c in calls:
             self._advance(c.rank, start, "idle")
             self._advance(c.rank, start + duration, "comm")

@@ -1,6 +1,7 @@
 """The simulated runtime's hosted servers: calls travel through each server's own link, one
 message at a time, and are taken by the shared :class:`~..servers.ServerLoop` (a call it parks
-is answered once the server's state has changed)."""
+is answered once the server's state has changed). A server is a host of its own: its link is
+the network's link between nodes (:mod:`.network`)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ class SimServers:
     def _call(self, call: SimCall, departure: float, nbytes: int) -> None:
         """The request leaves at ``departure``; it is served once its last byte has arrived."""
         server = self.servers[call.server]
-        bandwidth, latency = self.cost.network.bandwidth_Bps, self.cost.network.latency_s
-        start = max(departure + latency, server.ingress_free)
-        server.ingress_free = start + nbytes / bandwidth
+        link = self.cost.network.inter
+        start = max(departure + link.latency_s, server.ingress_free)
+        server.ingress_free = start + nbytes / link.bandwidth_Bps
         self._push(server.ingress_free, -1, "deliver", call)
 
     def _serve(self, call: SimCall, now: float) -> None:
@@ -49,8 +50,9 @@ class SimServers:
         call.value = clone_tensors(answer.value)
         call.reply_bytes = tensor_bytes(answer.value)
         start = max(now, server.egress_free)
-        server.egress_free = start + call.reply_bytes / self.cost.network.bandwidth_Bps
-        call.reply_at = server.egress_free + self.cost.network.latency_s
+        link = self.cost.network.inter
+        server.egress_free = start + call.reply_bytes / link.bandwidth_Bps
+        call.reply_at = server.egress_free + link.latency_s
         rank = call.comm.rank
         if self._waiting_call.get(rank) is call:
             del self._waiting_call[rank]
@@ -59,8 +61,9 @@ class SimServers:
     def _wake_call(self, call: SimCall) -> None:
         assert call.reply_at is not None
         rank = call.comm.rank
-        transfer = call.reply_bytes / self.cost.network.bandwidth_Bps
-        self._advance(rank, call.reply_at - transfer - self.cost.network.latency_s, "idle")
+        link = self.cost.network.inter
+        transfer = call.reply_bytes / link.bandwidth_Bps
+        self._advance(rank, call.reply_at - transfer - link.latency_s, "idle")
         self._advance(rank, call.reply_at, "comm")
         self._resume(rank, self.comms[rank].clock, call.value)
 

@@ -140,7 +140,8 @@ def _buckets(cfg: ExperimentConfig, model: torch.nn.Module) -> list[tuple[int, i
 def _step(cfg, model, shape, padded: list[int], whole: int) -> tuple[float, int]:
     """The simulator's seconds and bytes for one step: compute, then each collective."""
     cost = build_cost_model(cfg, model_flops(model, shape, num_classes(cfg.dataset)))
-    n, net, algo = cfg.workers, cost.network, cost.allreduce
+    # every worker's group: the link its ring crosses (between nodes once it spans several)
+    n, net, algo = cfg.workers, cost.link(range(cfg.workers)), cost.allreduce
     compute = cost.step_time(0, n, 0, cfg.batch_size) * (4 / 3 if cfg.recompute else 1)
     # The loss (float64), and with dynamic loss scaling at a ZeRO stage the overflow verdict
     stats = 16 if cfg.strategy in STAGES and _checks_overflow(cfg) else 8

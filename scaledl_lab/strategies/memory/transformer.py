@@ -143,7 +143,7 @@ def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
     # An allreduce is a reduce-scatter and an all-gather; stage 3 all-gathers twice.
     passes = 3 if stage == 3 else 2
     unit_bytes = [(-(-u // n) * n if stage else u) * size for u in units]
-    net, algorithm = cost.network, cost.allreduce
+    net, algorithm = cost.link(range(n)), cost.allreduce  # between nodes once n spans several
     seconds += passes * sum(reduce_scatter_time(b, n, net, algorithm) for b in unit_bytes)
     sent = passes * sum(ring_reduce_scatter_bytes(b, n) for b in unit_bytes)
     return Plan(memory, seconds, sent)
