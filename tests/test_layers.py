@@ -41,7 +41,7 @@ LAYERS: dict[str, int] = {
     "experiment": 8,
     # what runs experiments or reads their results folders: the studies, the families' own
     # studies and reports, resuming a run, the notebooks' panels
-    "studies": 9, "strategies.large_batch.study": 9, "strategies.large_batch.report": 9,
+    "studies": 9,
     "strategies.compression.study": 9, "strategies.compression.report": 9,
     "strategies.low_communication.study": 9, "strategies.model_parallel.study": 9,
     "strategies.memory.precision_study": 9, "strategies.memory.recompute_study": 9,
