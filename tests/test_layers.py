@@ -42,7 +42,6 @@ LAYERS: dict[str, int] = {
     # what runs experiments or reads their results folders: the studies, the families' own
     # studies and reports, resuming a run, the notebooks' panels
     "studies": 9,
-    "strategies.memory.precision_study": 9, "strategies.memory.recompute_study": 9,
     "training.resume": 9, "viz.widgets": 9, "viz.static": 9,
     "assignments": 9,
     # the command line and the package's public names
