@@ -18,9 +18,9 @@ from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, Interrupt, RunError
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
+from .strategies.launch import RowsCallback, check_data, check_program
+from .strategies.launch import execute as execute_run
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
-from .training.launch import RowsCallback, check_data, check_program
-from .training.launch import execute as execute_run
 from .training.worker import Program, steps_per_epoch_of, total_steps
 
 __all__ = [

@@ -32,9 +32,6 @@ LAYERS: dict[str, int] = {
     "training": 4,
     # the technique families, one folder each (registry.py among them)
     "strategies": 5,
-    # binds a config's strategy, looked up in the registry once every family has registered,
-    # to a runtime: it lives with the loop but sits above the strategies
-    "training.launch": 6,
     # reading results tables: the numbers comparisons report, figures and diagrams
     "analysis": 7, "viz": 7,
     # the front door at the root: run / compare / Results (sdl.run)
