@@ -209,7 +209,7 @@ def compare(
     Every config is validated and its data located before any cluster starts. ``security``:
     Dask's ``Security`` for a ``tls://`` ``address`` (see
     :func:`scaledl_lab.runtime.dask.cluster.connect`).
-    ``resume`` (:func:`scaledl_lab.training.resume.resume`): one config continues from the
+    ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
     holds only its tables: ``state_dict``, ``weights`` and ``sharpness`` have nothing to read).

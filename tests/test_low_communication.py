@@ -14,6 +14,7 @@ from torch import nn
 from scaledl_lab import ConfigError, ExperimentConfig, Results, run
 from scaledl_lab.cli import main
 from scaledl_lab.models import build_model
+from scaledl_lab.resume import resume
 from scaledl_lab.runtime.sim.cost import NETWORKS, ring_allreduce_bytes
 from scaledl_lab.strategies.low_communication.fragments import (
     fragment_sizes,
@@ -27,7 +28,6 @@ from scaledl_lab.strategies.low_communication.twins import train_diloco_sequenti
 from scaledl_lab.training.checkpoint import latest_step
 from scaledl_lab.training.optim import AdamW
 from scaledl_lab.training.reference import train_sequential
-from scaledl_lab.training.resume import resume
 from scaledl_lab.training.worker import load_for
 
 BASE = dict(SMALL, model="mlp", workers=2)

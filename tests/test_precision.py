@@ -274,7 +274,7 @@ def test_loss_scale_follows_grad_scalers_rule():
 def test_a_resumed_float16_run_continues_exactly(tmp_path):
     """The checkpoint holds the 16-bit model, the float32 masters, the optimiser's state and
     the loss scale: one epoch resumed to two ends where a two-epoch run does, row for row."""
-    from scaledl_lab.training.resume import resume
+    from scaledl_lab.resume import resume
 
     cfg = _cfg(precision="float16", max_steps=None, checkpoint_every="1epochs", train_subset=1280)
     run(cfg, out=tmp_path, progress=False)
