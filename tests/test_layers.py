@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
     # what runs experiments or reads their results folders: the studies, the families' own
     # studies and reports, resuming a run, the notebooks' panels
     "studies": 9,
-    "resume": 9, "viz.widgets": 9, "viz.static": 9,
+    "resume": 9, "panels": 9,
     "assignments": 9,
     # the command line and the package's public names
     "cli": 10, "__init__": 10,
