@@ -27,7 +27,7 @@ from scaledl_lab import ExperimentConfig
 from scaledl_lab.data import epoch_batches, shard_indices
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask.cluster import connect
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 from scaledl_lab.training.worker import load_for, make_optimizer
 
 WARMUP = 10

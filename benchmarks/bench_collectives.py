@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.runtime.dask.cluster import connect
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 
 SIZES = (2**20, 4 * 2**20, 16 * 2**20)
 DATA = dict(train_subset=2000, test_subset=200, val_size=200)

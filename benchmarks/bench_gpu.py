@@ -28,7 +28,7 @@ from scaledl_lab import ExperimentConfig
 from scaledl_lab.data import epoch_batches, load_dataset, shard_indices, write_cifar10_fixture
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask.cluster import connect
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 
 WARMUP = 10
 REPS = 20

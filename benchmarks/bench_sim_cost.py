@@ -27,7 +27,7 @@ from scaledl_lab.data import epoch_batches, shard_indices
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.memory import keep_freed_memory
 from scaledl_lab.strategies.data_parallel.sync_sgd import BucketedAllreduce
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 from scaledl_lab.training.plan import make_optimizer
 from scaledl_lab.training.worker import load_for
 

@@ -32,7 +32,7 @@ from scaledl_lab.data import epoch_batches, load_dataset, shard_indices
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask.cluster import connect, live_workers
 from scaledl_lab.runtime.memory import keep_freed_memory
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 
 WARMUP = 10
 CHOSEN: list[list[bool]] = []

@@ -27,7 +27,7 @@ from scaledl_lab.data import DataSplits, epoch_batches, load_dataset, shard_indi
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 
 WARMUP = 10
 DATA = dict(train_subset=40_000, test_subset=200, val_size=200)

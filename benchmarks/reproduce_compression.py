@@ -1,7 +1,7 @@
 """The gradient-compression study at full size, into a results folder the notebook loads.
 
 Every compressor (with and without error feedback) on 2 simulated workers, Fashion-MNIST, MLP,
-5 epochs (`scaledl_lab.strategies.compression.study`); time per step on a slow and a fast
+5 epochs (`scaledl_lab.studies.compression.study`); time per step on a slow and a fast
 simulated network (16 workers); then `summary.md` with the tables and the verdicts. PowerSGD
 beside torch's hook comes from `python benchmarks/bench_compression.py --skip-resnet --out
 results/compression` (run it after this script; `--report-only` then rewrites summary.md with
@@ -24,7 +24,7 @@ import pandas as pd
 
 from scaledl_lab.config import ExperimentConfig
 from scaledl_lab.experiment import Results, compare
-from scaledl_lab.strategies.compression import report, study
+from scaledl_lab.studies.compression import report, study
 
 
 def main() -> None:

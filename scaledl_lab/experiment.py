@@ -18,9 +18,9 @@ from .config import ExperimentConfig, check_resources
 from .environment import environment_info
 from .errors import ConfigError, Interrupt, RunError
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
+from .strategies.launch import RowsCallback, check_data, check_program
+from .strategies.launch import execute as execute_run
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
-from .training.launch import RowsCallback, check_data, check_program
-from .training.launch import execute as execute_run
 from .training.worker import Program, steps_per_epoch_of, total_steps
 
 __all__ = [
@@ -209,7 +209,7 @@ def compare(
     Every config is validated and its data located before any cluster starts. ``security``:
     Dask's ``Security`` for a ``tls://`` ``address`` (see
     :func:`scaledl_lab.runtime.dask.cluster.connect`).
-    ``resume`` (:func:`scaledl_lab.training.resume.resume`): one config continues from the
+    ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
     holds only its tables: ``state_dict``, ``weights`` and ``sharpness`` have nothing to read).

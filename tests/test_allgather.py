@@ -19,7 +19,7 @@ from scaledl_lab.runtime.sim.cost import (
     allgather_time,
 )
 from scaledl_lab.runtime.sim.scheduler import SimWorld
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -13,8 +13,8 @@ from common import SMALL, partial_of
 from scaledl_lab import ConfigError, ExperimentConfig, WorkerLostError, run
 from scaledl_lab.cli import main
 from scaledl_lab.experiment import total_steps
+from scaledl_lab.resume import resume
 from scaledl_lab.training.checkpoint import latest_step
-from scaledl_lab.training.resume import resume
 
 BASE = dict({k: v for k, v in SMALL.items() if k != "max_steps"}, runtime="sim", model="mlp")
 COLUMNS = ["rank", "step", "loss", "accuracy"]

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from scaledl_lab.experiment import Results
-from scaledl_lab.strategies.compression import report
-from scaledl_lab.strategies.large_batch.study import load_study
 from scaledl_lab.studies import claims
+from scaledl_lab.studies.compression import report
+from scaledl_lab.studies.large_batch.study import load_study
 from scaledl_lab.studies.verdict import VERDICTS, Claim
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -10,7 +10,7 @@ from common import SMALL
 
 from scaledl_lab import ExperimentConfig
 from scaledl_lab.experiment import Results
-from scaledl_lab.strategies.compression import report, study
+from scaledl_lab.studies.compression import report, study
 
 SIM = dict(SMALL, runtime="sim", workers=2, model="mlp", max_steps=None, train_subset=1200)
 

@@ -156,7 +156,7 @@ def _legends_inside(fig) -> None:
 
 @pytest.mark.parametrize("name", ["gap", "warmup", "smith", "sharpness"])
 def test_the_large_batch_figures_keep_their_legends_inside(name):
-    from scaledl_lab.strategies.large_batch.study import load_study
+    from scaledl_lab.studies.large_batch.study import load_study
 
     _legends_inside(load_study(ROOT / "results" / "large-batch").figure(name))
 

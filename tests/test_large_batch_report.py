@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from scaledl_lab import ExperimentConfig
-from scaledl_lab.strategies.large_batch.report import (
+from scaledl_lab.studies.large_batch.report import (
     markdown_line,
     schedule_frame,
     title,

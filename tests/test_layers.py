@@ -1,9 +1,10 @@
 """Imports point one way (DESIGN.md, "Layout"), lazy ones included: errors, the contract's
 names and the families' records → the shared foundations at the root → runtime/ (the Comm
 interface, then the two runtimes, which do not import each other) → training/ → strategies/ →
-the front door (experiment) → studies/, the families' studies, viz/ → cli/. Every import is
-read from the source. KNOWN_UPWARD would list an import that still runs back up, with its
-reason; it is empty and may only stay so."""
+the front door (experiment) → studies/ (the families' studies among them), the notebooks'
+panels → cli/. Every import is read from the source. Folders are layers: LAYERS names folders
+and root modules, never a module inside a folder of another layer. KNOWN_UPWARD would list an
+import that still runs back up, with its reason; it is empty and may only stay so."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "scaledl_lab"
 
-# The layer of each module, by its name below scaledl_lab: a key covers the modules below it and
-# the longest key that names a module counts. A module may import only modules of its own layer
-# or below; imports within a layer must not form a cycle.
+# The layer of each folder and root module below scaledl_lab: a key covers the modules below it.
+# A module may import only modules of its own layer or below; imports within a layer must not
+# form a cycle. No key sits below another of a different layer: a module that belongs to
+# another layer moves to that layer's folder.
 LAYERS: dict[str, int] = {
     # what every layer may raise or name, and the families' records every layer may ask (the
     # families fill them from above; the config validates by asking them)
@@ -24,34 +26,27 @@ LAYERS: dict[str, int] = {
     # the shared foundations at the root, and the data sources
     "config": 1, "models": 1, "params": 1, "topology": 1, "metrics": 1, "environment": 1,
     "data": 1, "gpt": 1, "objective": 1, "folders": 1,
-    # the communication interface (base.py) and what both runtimes share (memory.py)
+    # the communication interface (base.py), what both runtimes share (memory.py) and the two
+    # runtimes, peers (PEERS): the simulator with its cost model; Dask with its cluster. The
+    # interface imports neither runtime (test_the_comm_interface_imports_neither_runtime).
     "runtime": 2,
-    # the two runtimes, peers (PEERS): the simulator with its cost model; Dask with its cluster
-    "runtime.sim": 3, "runtime.dask": 3,
     # the per-worker loop and what every strategy uses
-    "training": 4,
-    # the technique families, one folder each (registry.py among them)
-    "strategies": 5,
-    # binds a config's strategy, looked up in the registry once every family has registered,
-    # to a runtime: it lives with the loop but sits above the strategies
-    "training.launch": 6,
+    "training": 3,
+    # the technique families, one folder each, beside the registry and launch.py (which binds a
+    # config's strategy to a runtime, once every family has registered)
+    "strategies": 4,
     # reading results tables: the numbers comparisons report, figures and diagrams
-    "analysis": 7, "viz": 7,
+    "analysis": 5, "viz": 5,
     # the front door at the root: run / compare / Results (sdl.run)
-    "experiment": 8,
-    # what runs experiments or reads their results folders: the studies, the families' own
-    # studies and reports, resuming a run, the notebooks' panels
-    "studies": 9, "strategies.large_batch.study": 9, "strategies.large_batch.report": 9,
-    "strategies.compression.study": 9, "strategies.compression.report": 9,
-    "strategies.low_communication.study": 9, "strategies.model_parallel.study": 9,
-    "strategies.memory.precision_study": 9, "strategies.memory.recompute_study": 9,
-    "training.resume": 9, "viz.widgets": 9, "viz.static": 9, "viz.tensor_parallel": 9,
-    "assignments": 9,
+    "experiment": 6,
+    # what runs experiments or reads their results folders: the studies (each family's in
+    # studies/<family>/), resuming a run, the notebooks' panels, the graded assignments
+    "studies": 7, "resume": 7, "panels": 7, "assignments": 7,
     # the command line and the package's public names
-    "cli": 10, "__init__": 10,
+    "cli": 8, "__init__": 8,
 }  # fmt: skip
 
-# Keys of one layer that must not import each other: such an import counts as running up.
+# Folders of one layer that must not import each other: such an import counts as running up.
 PEERS: tuple[str, ...] = ("runtime.sim", "runtime.dask")
 
 # The imports that still run back up, as (importer, imported) below scaledl_lab, each with its
@@ -166,6 +161,32 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, "\n".join(" → ".join(c) for c in cycles)
+
+
+def test_layers_name_folders_without_per_file_overrides():
+    """Folders are layers: no key of LAYERS sits below a key of another layer, and every key
+    names a folder or a module of the package."""
+    below = [
+        f"{key} (layer {layer}) is below {outer} (layer {LAYERS[outer]}): move it to a folder "
+        f"of layer {layer}"
+        for key, layer in LAYERS.items()
+        for outer in LAYERS
+        if key.startswith(outer + ".") and LAYERS[outer] != layer
+    ]
+    missing = [key for key in LAYERS if not _is_module(f"scaledl_lab.{key}")]
+    assert not below, "\n".join(below)
+    assert not missing, f"LAYERS names no module or folder: {missing}"
+
+
+def test_the_comm_interface_imports_neither_runtime():
+    offenders = [
+        f"{_short(m)} imports {_short(t)}"
+        for m, targets in _graph().items()
+        if m.startswith("scaledl_lab.runtime") and _peer(m) is None
+        for t in targets
+        if _peer(t) is not None
+    ]
+    assert not offenders, offenders
 
 
 @pytest.mark.parametrize("above", ["strategies", "training", "models", "experiment"])

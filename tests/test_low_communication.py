@@ -14,6 +14,7 @@ from torch import nn
 from scaledl_lab import ConfigError, ExperimentConfig, Results, run
 from scaledl_lab.cli import main
 from scaledl_lab.models import build_model
+from scaledl_lab.resume import resume
 from scaledl_lab.runtime.sim.cost import NETWORKS, ring_allreduce_bytes
 from scaledl_lab.strategies.low_communication.fragments import (
     fragment_sizes,
@@ -27,7 +28,6 @@ from scaledl_lab.strategies.low_communication.twins import train_diloco_sequenti
 from scaledl_lab.training.checkpoint import latest_step
 from scaledl_lab.training.optim import AdamW
 from scaledl_lab.training.reference import train_sequential
-from scaledl_lab.training.resume import resume
 from scaledl_lab.training.worker import load_for
 
 BASE = dict(SMALL, model="mlp", workers=2)
@@ -368,7 +368,7 @@ def _runs(accuracy: dict[str, list[float]], **columns: dict[str, float]) -> pd.D
 
 
 def test_the_study_decides_its_claims_on_the_seed_spreads():
-    from scaledl_lab.strategies.low_communication import study
+    from scaledl_lab.studies.low_communication import study
 
     grid = {f"diloco H={h}": [0.80, 0.81, 0.82] for h in study.H_GRID}
     grid["diloco H=100"] = [0.70, 0.71, 0.72]  # more than a point below synchronous SGD
@@ -415,7 +415,7 @@ def test_the_study_decides_its_claims_on_the_seed_spreads():
 
 
 def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
-    from scaledl_lab.strategies.low_communication import study
+    from scaledl_lab.studies.low_communication import study
 
     cfg = ExperimentConfig(strategy="streaming-diloco", runtime="sim", sync_period=6,
                            fragments=3, name="streaming H=6 · seed 0", **BASE)  # fmt: skip
@@ -435,7 +435,7 @@ def test_the_study_table_reads_bytes_peaks_and_times_from_the_metrics():
 def test_the_study_curves_put_each_evaluation_at_its_bytes_and_time():
     from matplotlib.figure import Figure
 
-    from scaledl_lab.strategies.low_communication import study
+    from scaledl_lab.studies.low_communication import study
 
     cfg = ExperimentConfig(strategy="diloco", runtime="sim", sync_period=5,
                            name="diloco H=5", **{**BASE, "epochs": 2})  # fmt: skip
@@ -456,7 +456,7 @@ def test_the_study_curves_put_each_evaluation_at_its_bytes_and_time():
 def test_the_committed_study_summary_renders_from_its_runs():
     from pathlib import Path
 
-    from scaledl_lab.strategies.low_communication import study
+    from scaledl_lab.studies.low_communication import study
 
     out = Path(__file__).resolve().parents[1] / "results" / "diloco"
     runs = pd.read_csv(out / "runs.csv")

@@ -24,7 +24,7 @@ from scaledl_lab.strategies.model_parallel.schedules import (
     one_f_one_b,
     zb_h1,
 )
-from scaledl_lab.strategies.model_parallel.study import compare_schedules
+from scaledl_lab.studies.model_parallel.study import compare_schedules
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
 from scaledl_lab.viz.gantt import step_bubbles

@@ -274,7 +274,7 @@ def test_loss_scale_follows_grad_scalers_rule():
 def test_a_resumed_float16_run_continues_exactly(tmp_path):
     """The checkpoint holds the 16-bit model, the float32 masters, the optimiser's state and
     the loss scale: one epoch resumed to two ends where a two-epoch run does, row for row."""
-    from scaledl_lab.training.resume import resume
+    from scaledl_lab.resume import resume
 
     cfg = _cfg(precision="float16", max_steps=None, checkpoint_every="1epochs", train_subset=1280)
     run(cfg, out=tmp_path, progress=False)
@@ -298,7 +298,7 @@ def test_float16_without_loss_scaling_loses_small_gradients():
     gradients (here the first layer's, on faint pixels) fall below it in numbers, and a float16
     run without scaling (loss_scale=1) would flush them to zero; scaled by 2**16 (dynamic
     scaling's start) they stay representable, and the fraction lost drops at least 10-fold."""
-    from scaledl_lab.strategies.memory.precision_study import gradient_underflow
+    from scaledl_lab.studies.memory.precision_study import gradient_underflow
 
     cfg = _cfg(precision="float32", workers=1, train_subset=10_000, max_steps=400)
     trained = run(cfg, progress=False).state_dict()
@@ -343,7 +343,7 @@ def test_16_bits_train_as_accurately_as_float32(model, precisions):
     scaling, end no more than 0.5 accuracy points below float32 on the test set (or two standard
     errors of its accuracy, where wider: ``_tolerance``), while each
     worker sends half the bytes per step (the loss's 8-byte allreduce aside)."""
-    from scaledl_lab.strategies.memory.precision_study import compare_precisions
+    from scaledl_lab.studies.memory.precision_study import compare_precisions
 
     cfg, test = _claim_cfg(model)
     table = compare_precisions(cfg, precisions).table.set_index("precision")
@@ -367,7 +367,7 @@ def test_float16_trains_the_cnn_as_accurately_as_float32_once_its_scale_fits():
     it down another path (measured: 3 skipped, -13 points), so this case states its scale. The
     dynamic scale's claim is decided on runs five times as long, over six seeds, in the
     committed study (results/precision/: 2 to 4 of 156 steps skipped, -0.07 points)."""
-    from scaledl_lab.strategies.memory.precision_study import compare_precisions
+    from scaledl_lab.studies.memory.precision_study import compare_precisions
 
     cfg, test = _claim_cfg("cnn")
     static = compare_precisions(cfg, ("float32", "float16"), loss_scale=2.0**10)
@@ -398,7 +398,7 @@ def _study_runs(**accuracies: list[float]) -> pd.DataFrame:
 def test_study_verdicts_follow_the_bound_and_the_noise():
     """Supported at a mean paired difference of -0.5 points or better; not supported when even
     two standard errors above the mean stay below -0.5; inconclusive between."""
-    from scaledl_lab.strategies.memory.precision_study import study_verdicts
+    from scaledl_lab.studies.memory.precision_study import study_verdicts
 
     f32 = [0.80, 0.82, 0.84]
     behind = [a - d for a, d in zip(f32, (0.03, 0.031, 0.029), strict=True)]
@@ -414,7 +414,7 @@ def test_study_verdicts_follow_the_bound_and_the_noise():
 def test_the_study_runs_end_to_end(tmp_path):
     """A few steps of the study's MLP runs: one row per run, named by model, precision and
     seed, float16's scale recorded step by step."""
-    from scaledl_lab.strategies.memory import precision_study as study
+    from scaledl_lab.studies.memory import precision_study as study
 
     configs = [c.replace(max_steps=3) for c in study.study_configs(is_quick=True, seeds=(0, 1))]
     configs = [c for c in configs if c.model == "mlp"]
@@ -434,7 +434,7 @@ def test_the_study_runs_end_to_end(tmp_path):
 def test_the_committed_precision_study_renders_from_its_runs():
     """results/precision/: every run of the study, its summary rendered from them, the loss
     scale's history following the dynamic rule and matching the table."""
-    from scaledl_lab.strategies.memory import precision_study as study
+    from scaledl_lab.studies.memory import precision_study as study
 
     runs = pd.read_csv(PRECISION_RESULTS / "runs.csv")
     assert len(runs) == len(study.study_configs())

@@ -18,8 +18,8 @@ from scaledl_lab import ConfigError, ExperimentConfig, families, run
 from scaledl_lab.models import build_model
 from scaledl_lab.strategies.memory.plan import plan
 from scaledl_lab.strategies.memory.recompute import forward_shares, segments
-from scaledl_lab.strategies.memory.recompute_study import recompute_claim, recompute_table
 from scaledl_lab.strategies.memory.transformer import Transformer, plan_transformer
+from scaledl_lab.studies.memory.recompute_study import recompute_claim, recompute_table
 from scaledl_lab.training.ledger import SavedTensors
 from scaledl_lab.training.worker import load_for
 

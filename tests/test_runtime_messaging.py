@@ -15,7 +15,7 @@ from scaledl_lab.runtime.base import NOT_READY
 from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
 from scaledl_lab.runtime.sim.scheduler import SimWorld
 from scaledl_lab.strategies import ServerSpec, Strategy
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 
 # The Dask workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

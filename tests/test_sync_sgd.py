@@ -14,7 +14,7 @@ from scaledl_lab.models import build_model, count_parameters
 from scaledl_lab.runtime.base import Comm
 from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
 from scaledl_lab.strategies.data_parallel.sync_sgd import BucketedAllreduce, NaiveAllreduce
-from scaledl_lab.training.launch import execute
+from scaledl_lab.strategies.launch import execute
 from scaledl_lab.training.reference import train_sequential, train_worker_mean
 from scaledl_lab.training.worker import load_for
 

@@ -10,9 +10,9 @@ from torch import nn
 from scaledl_lab import DivergenceError, ExperimentConfig, run
 from scaledl_lab.models import build_model
 from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes
+from scaledl_lab.strategies.launch import execute
 from scaledl_lab.strategies.model_parallel import tensor_parallel
 from scaledl_lab.strategies.model_parallel.tensor_parallel import ParallelMLPBlock
-from scaledl_lab.training.launch import execute
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
 

@@ -10,9 +10,10 @@ from common import max_diff
 from scaledl_lab import ConfigError, ExperimentConfig, gpt, run
 from scaledl_lab.data import licenses
 from scaledl_lab.runtime.sim.cost import ring_allreduce_bytes, ring_reduce_scatter_bytes
+from scaledl_lab.studies.model_parallel.study import sequence_parallel_costs
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
-from scaledl_lab.viz.tensor_parallel import sequence_parallel_costs, transformer_block_diagram
+from scaledl_lab.viz.tensor_parallel import transformer_block_diagram
 
 matplotlib.use("Agg")
 

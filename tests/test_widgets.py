@@ -12,8 +12,8 @@ import pytest
 from common import SMALL
 
 from scaledl_lab import ExperimentConfig
+from scaledl_lab.panels.widgets import TEXT, TrainingPanel
 from scaledl_lab.runtime.dask.cluster import start_local
-from scaledl_lab.viz.widgets import TEXT, TrainingPanel
 
 pytest.importorskip("ipywidgets")
 

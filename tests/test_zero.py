@@ -31,8 +31,8 @@ from scaledl_lab.runtime.sim.cost import (
     ring_reduce_scatter_bytes,
 )
 from scaledl_lab.runtime.sim.scheduler import SimWorld
+from scaledl_lab.strategies.launch import execute
 from scaledl_lab.strategies.memory.pytorch import train_with_pytorch
-from scaledl_lab.training.launch import execute
 from scaledl_lab.training.worker import load_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

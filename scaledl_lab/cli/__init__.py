@@ -239,7 +239,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
 
 def _cmd_resume(args: argparse.Namespace) -> None:
-    from ..training.resume import resume
+    from ..resume import resume
 
     results = resume(args.results_dir, args.epochs, address=args.address)
     print(results.summary().to_string(index=False))

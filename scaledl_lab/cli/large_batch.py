@@ -27,7 +27,7 @@ def add_analyse(sub: Any) -> None:
 def cmd_analyse(args: argparse.Namespace) -> int:
     """Print the sharpness table; write sharpness.csv (and slice.csv, sharpness_slice.png)."""
     from ..experiment import Results
-    from ..strategies.large_batch.report import plot_slice
+    from ..studies.large_batch.report import plot_slice
 
     out = Path(args.results_dir)
     if not (out / "weights.pt").exists():

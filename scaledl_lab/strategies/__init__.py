@@ -14,7 +14,8 @@ there before a config is validated.
   travel in each family, its study and report;
 - :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser).
 
-The last two register no strategy of their own: they change how the others train. The checks
+The last two register no strategy of their own: they change how the others train. Beside the
+registry (:mod:`.registry`), :mod:`.launch` binds a config's strategy to a runtime. The checks
 of the config fields no family owns (the cost model's, faults, checkpoints) register when
 their modules are imported, which this package does.
 """

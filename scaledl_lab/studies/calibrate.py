@@ -136,7 +136,7 @@ def calibrate_from_runs(
     from ..metrics import to_frame
     from ..models import count_parameters
     from ..runtime.sim.cost import allreduce_time
-    from ..training.launch import execute
+    from ..strategies.launch import execute
     from .scaling import step_time
 
     shape, classes = SHAPES[model_name]
@@ -187,7 +187,7 @@ async def _allreduce_timings(ctx: Any) -> None:
 def calibrate_network(client: Any) -> NetworkProfile:
     """α and β of gloo between the first two workers of ``client``'s cluster."""
     from ..config import ExperimentConfig
-    from ..training.launch import execute
+    from ..strategies.launch import execute
 
     cfg = ExperimentConfig(workers=2, model="mlp", train_subset=1000, test_subset=100, val_size=100)
     outcome = execute(

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 from ..analysis import TRAFFIC, method_label, traffic_table
 from ..config import ExperimentConfig, check_resources
 from ..experiment import compare
-from ..training.launch import check_data
+from ..strategies.launch import check_data
 from ..training.plan import load_for, total_steps
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

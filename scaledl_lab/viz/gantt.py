@@ -6,7 +6,7 @@ busy for the sum of its events and the step lasts from the first start to the la
 bubble is the rest. With equal stage costs it is (p − 1)/(M + p − 1) for GPipe and 1F1B alike,
 (p − 1)/(V·M + p − 1) for interleaved 1F1B and about a third of 1F1B's for zero bubble H1
 (:func:`~scaledl_lab.strategies.model_parallel.schedules.bubble`);
-:func:`scaledl_lab.strategies.model_parallel.study.compare_schedules` draws the four side by
+:func:`scaledl_lab.studies.model_parallel.study.compare_schedules` draws the four side by
 side.
 """
 

@@ -3,7 +3,7 @@
 A saved notebook keeps a widget's output as a widget view (which only a live kernel, or the
 saved widget state in JupyterLab, can draw) plus a text fallback, ``HBox(children=(...``, which
 is what GitHub and nbviewer show. In a kernel that has imported ``scaledl_lab``, a widget is
-displayed as :class:`~scaledl_lab.viz.widgets.TrainingPanel` displays itself: with a display id
+displayed as :class:`~scaledl_lab.panels.widgets.TrainingPanel` displays itself: with a display id
 and, beside the widget view, an ``image/png`` drawn from the widget, updated after every cell.
 
 The PNG shows the controls (each one's description and value) and what the widget computed:
@@ -25,7 +25,14 @@ from typing import Any
 
 FONT = 9
 WIDTH_IN = 10.0
-DPI = 80  # widgets.figure_png's
+DPI = 80
+
+
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (no pyplot, no backend needed)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
 
 
 def _children(widget: Any) -> list[Any]:
@@ -150,8 +157,6 @@ def figure_of(widget: Any, shown: dict[str, list[dict[str, Any]]]) -> Any:
 
 
 def png_of(widget: Any, shown: dict[str, list[dict[str, Any]]]) -> bytes:
-    from .widgets import figure_png
-
     return figure_png(figure_of(widget, shown))
 
 

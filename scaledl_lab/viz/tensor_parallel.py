@@ -1,13 +1,13 @@
-"""Tensor and sequence parallelism of a transformer block, drawn and measured: who holds which
-heads and positions, where f and g communicate (:mod:`..strategies.model_parallel.
-parallel_transformer`), and what sequence parallelism saves against plain tensor parallelism."""
+"""Tensor and sequence parallelism of a transformer block, drawn: who holds which heads and
+positions, and where f and g communicate (:mod:`..strategies.model_parallel.
+parallel_transformer`). What sequence parallelism saves against plain tensor parallelism is
+measured by :func:`scaledl_lab.studies.model_parallel.study.sequence_parallel_costs`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import matplotlib.pyplot as plt
-import pandas as pd
 
 from .diagrams import BACKWARD, COLLECTIVE, FORWARD, _arrow, _box
 
@@ -72,37 +72,3 @@ def transformer_block_diagram(
     )
     ax.set_title(f"a transformer block under {what}, degree {degree}: {per_block}", fontsize=10)
     return ax
-
-
-def sequence_parallel_costs(
-    degrees: tuple[int, ...] = (2, 4), batch_size: int = 8, seed: int = 0
-) -> pd.DataFrame:
-    """One training step of gpt-tiny on the simulator under tensor parallelism and under
-    sequence parallelism, per degree: what one worker sends, and the bytes it saves for
-    backward (all of them, and the LayerNorm regions'), read from the runs themselves."""
-    from ..config import ExperimentConfig
-    from ..experiment import run
-
-    rows = []
-    for degree in degrees:
-        for sp in (False, True):
-            cfg = ExperimentConfig(
-                strategy="tensor-parallel", runtime="sim", workers=degree, model="gpt-tiny",
-                dataset="licenses", batch_size=batch_size, train_subset=4 * batch_size,
-                val_size=batch_size, test_subset=batch_size, epochs=1, max_steps=1, seed=seed,
-                sequence_parallel=sp,
-            )  # fmt: skip
-            res = run(cfg, progress=False, log=None)
-            train = res.frame[(res.frame["kind"] == "train") & (res.frame["rank"] == 0)]
-            out = res.outputs[cfg.label][0]
-            rows.append(
-                {
-                    "degree": degree,
-                    "variant": "sequence parallel" if sp else "tensor parallel",
-                    "bytes_sent": int(train["bytes_sent"].iloc[-1]),
-                    "block_bytes_sent": out["block_bytes_sent"],
-                    "activations": float(train["mem_activations"].iloc[-1]),
-                    "norm_activations": out["norm_activations"],
-                }
-            )
-    return pd.DataFrame(rows)

@@ -3,9 +3,10 @@
 
 What this package exports is pure tensor code. How the payloads travel in each family is in
 :mod:`.messages` (the compressed allreduce, NNT's and the parameter servers' messages) and
-:mod:`.gossip` (D-PSGD with compressed messages); the study and its report are :mod:`.study`
-and :mod:`.report`. None of those is imported here. The family's record registers no strategy:
-``compress`` is an option on the strategies whose messages carry gradients.
+:mod:`.gossip` (D-PSGD with compressed messages); neither is imported here. The study and its
+report run experiments and read their tables, above the strategies: they are
+:mod:`scaledl_lab.studies.compression`. The family's record registers no strategy: ``compress``
+is an option on the strategies whose messages carry gradients.
 """
 
 from ...families import Family, register_family

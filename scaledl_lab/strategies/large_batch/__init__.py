@@ -1,10 +1,10 @@
 """Large batches, which register no strategy of their own: the recipe beyond the schedules
 (:mod:`.recipe`; the schedules every loop follows are :mod:`scaledl_lab.training.schedule`), its
-config checks (:mod:`.checks`), sharp and flat minima (:mod:`.sharpness`), the claims and
-figures (:mod:`.report`) and the reproductions of notebook 07 (:mod:`.study`).
+config checks (:mod:`.checks`) and sharp and flat minima (:mod:`.sharpness`). The claims,
+figures and reproductions of notebook 07 run experiments, which sit above the strategies: they
+are :mod:`scaledl_lab.studies.large_batch`.
 
-Only the options, the checks and the recipe are imported here, for the family's record: the
-study runs experiments, which sit above the strategies.
+Only the options, the checks and the recipe are imported here, for the family's record.
 """
 
 from ...families import Family, register_family

@@ -2,7 +2,9 @@
 (:mod:`.streaming`). Workers take many inner steps with their own optimiser, then an outer
 optimiser (:mod:`.outer`) steps on the averaged outer gradient; Streaming DiLoCo synchronises
 the model's fragments (:mod:`.fragments`) in turn, overlapping each with inner steps. The
-sequential twin is :mod:`.twins`, the options' checks :mod:`.checks`."""
+sequential twin is :mod:`.twins`, the options' checks :mod:`.checks`. The study that sets DiLoCo
+against synchronous SGD runs experiments, above the strategies: it is
+:mod:`scaledl_lab.studies.low_communication`."""
 
 from typing import Any
 

@@ -2,8 +2,8 @@
 (Rajbhandari et al. 2020; stage 3 is PyTorch FSDP's full shard): the flat sharded layers
 (:mod:`.flat`), the per-worker programs (:mod:`.zero`) and their checks (:mod:`.checks`);
 activation recomputation on every strategy (``recompute``, :mod:`.recompute`), the family's
-change to every worker's model; mixed precision's underflow and accuracy study
-(:mod:`.precision_study`)."""
+change to every worker's model. The studies of mixed precision and of recomputation run
+experiments, above the strategies: they are :mod:`scaledl_lab.studies.memory`."""
 
 from ...families import Family, register_family
 from ..registry import described

@@ -267,7 +267,7 @@ async def train_transformer(ctx: WorkerContext, gpt: GPT) -> None:
         counted = stats.samples if comm.is_root else 0  # one batch for all: counted once
         sent = comm.bytes_sent - sent_before
         memory = model.memory(optimizer).columns()
-        # What the notebook compares (viz.tensor_parallel.sequence_parallel_costs): the blocks'
+        # What the notebook compares (study.sequence_parallel_costs in studies/): the blocks'
         # traffic of the last step, the LayerNorm regions' largest saved bytes.
         ctx.result["block_bytes_sent"] = model.block_bytes
         norms = max(ctx.result.get("norm_activations", 0), model.ledgers.norms.bytes.peak)

@@ -1,11 +1,12 @@
-"""ipywidgets panels for the notebooks: controls, a Run button, live progress and curves."""
+"""ipywidgets panels for the notebooks: controls, a Run button, live progress and curves. A
+panel runs experiments, so it sits above the front door (figures it draws come from
+:mod:`scaledl_lab.viz`)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import html
-import io
 import time
 from typing import Any
 
@@ -15,17 +16,11 @@ from IPython.display import DisplayHandle, display
 from ..config import ExperimentConfig
 from ..experiment import Results, run, to_frame, total_steps
 from ..runtime.dask.cluster import live_workers, start_local
+from ..viz.static import figure_png
 
 REDRAW_S = 1.5
 LABEL = {"description_width": "90px"}  # wide enough for "batch/worker"
 TEXT = "TrainingPanel: controls, a Run button, progress and curves (run the notebook to use it)"
-
-
-def figure_png(fig: Any) -> bytes:
-    """A matplotlib figure as PNG bytes (no pyplot, no backend needed)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return buf.getvalue()
 
 
 class LiveCurves:
@@ -53,7 +48,7 @@ class LiveCurves:
     def draw(self) -> None:
         from matplotlib.figure import Figure
 
-        from .plots import plot_curves
+        from ..viz.plots import plot_curves
 
         self._last = time.monotonic()
         frame = to_frame(self.rows)

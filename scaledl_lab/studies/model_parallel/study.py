@@ -1,6 +1,8 @@
-"""The pipeline schedules side by side: GPipe, 1F1B, interleaved 1F1B and zero bubble H1 run on
-the simulator, their Gantt charts on one time axis, each bubble measured beside the cost model's
-prediction for the run's own stages and the formula for equal ones (:mod:`.schedules`)."""
+"""Notebook 11's measurements of the model-parallel family. The pipeline schedules side by side:
+GPipe, 1F1B, interleaved 1F1B and zero bubble H1 run on the simulator, their Gantt charts on one
+time axis, each bubble measured beside the cost model's prediction for the run's own stages and
+the formula for equal ones (:mod:`scaledl_lab.strategies.model_parallel.schedules`). Tensor
+against sequence parallelism: what one worker sends and saves for backward, per degree."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import pandas as pd
 from ... import families
 from ...config import ExperimentConfig
 from ...experiment import run
+from ...strategies.model_parallel import schedules
 from ...viz.gantt import bubble_summary, plot_pipeline
-from . import schedules
 
 FOUR_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
@@ -62,3 +64,34 @@ def compare_schedules(
     columns = ["strategy", "virtual_stages", "measured", "predicted", "equal_stages",
                "peak_stashed"]  # fmt: skip
     return pd.DataFrame(records, columns=columns)
+
+
+def sequence_parallel_costs(
+    degrees: tuple[int, ...] = (2, 4), batch_size: int = 8, seed: int = 0
+) -> pd.DataFrame:
+    """One training step of gpt-tiny on the simulator under tensor parallelism and under
+    sequence parallelism, per degree: what one worker sends, and the bytes it saves for
+    backward (all of them, and the LayerNorm regions'), read from the runs themselves."""
+    rows = []
+    for degree in degrees:
+        for sp in (False, True):
+            cfg = ExperimentConfig(
+                strategy="tensor-parallel", runtime="sim", workers=degree, model="gpt-tiny",
+                dataset="licenses", batch_size=batch_size, train_subset=4 * batch_size,
+                val_size=batch_size, test_subset=batch_size, epochs=1, max_steps=1, seed=seed,
+                sequence_parallel=sp,
+            )  # fmt: skip
+            res = run(cfg, progress=False, log=None)
+            train = res.frame[(res.frame["kind"] == "train") & (res.frame["rank"] == 0)]
+            out = res.outputs[cfg.label][0]
+            rows.append(
+                {
+                    "degree": degree,
+                    "variant": "sequence parallel" if sp else "tensor parallel",
+                    "bytes_sent": int(train["bytes_sent"].iloc[-1]),
+                    "block_bytes_sent": out["block_bytes_sent"],
+                    "activations": float(train["mem_activations"].iloc[-1]),
+                    "norm_activations": out["norm_activations"],
+                }
+            )
+    return pd.DataFrame(rows)

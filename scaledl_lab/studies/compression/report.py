@@ -24,8 +24,8 @@ from matplotlib.figure import Figure
 
 from ...experiment import Results
 from ...metrics import compression_ratio
-from ...studies.verdict import Claim, mark
 from ...viz.plots import summary_markdown
+from ..verdict import Claim, mark
 
 WITHIN = 0.01  # "within 1 point"
 WORSE_POINTS = 0.5  # "measurably worse": more than this many points below

@@ -8,7 +8,7 @@ for validation; one epoch), the MLP, batch 16 per worker (453 steps per worker),
 with decay 0.01 as every run's (inner) optimiser, seeds 0-2. H ∈ {1, 10, 50, 100, 500}: H = 500
 exceeds the run, whose only round is then its closing one (one average at the end). Quick mode
 keeps the grid on a 4000-sample subset (31 steps).
-``python -m scaledl_lab.strategies.low_communication.study`` writes results/diloco/ (``--out
+``python -m scaledl_lab.studies.low_communication.study`` writes results/diloco/ (``--out
 DIR`` elsewhere).
 """
 
@@ -24,7 +24,7 @@ import pandas as pd
 
 from ...config import ExperimentConfig
 from ...experiment import Results, compare, to_frame
-from ...studies.verdict import Claim, mark
+from ..verdict import Claim, mark
 
 H_GRID = (1, 10, 50, 100, 500)
 SEEDS = (0, 1, 2)

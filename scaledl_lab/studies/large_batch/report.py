@@ -13,8 +13,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ...studies.verdict import Claim, mark
 from ...training.schedule import StepPlan
+from ..verdict import Claim, mark
 
 GAP_POINTS = 2.0  # "loses accuracy": at least this many points of test accuracy
 RECOVERED = 0.5  # "recovers": at least this share of the gap

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import ExperimentConfig
-from ..errors import ConfigError
-from ..experiment import Results, compare, total_steps
-from . import checkpoint
+from .config import ExperimentConfig
+from .errors import ConfigError
+from .experiment import Results, compare, total_steps
+from .training import checkpoint
 
 # What a resumed run may change: its length, and the faults that stopped the first one.
 _MAY_CHANGE = ("epochs", "faults")

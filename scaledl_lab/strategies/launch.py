@@ -3,7 +3,9 @@
 The runtimes run a :class:`~scaledl_lab.runtime.base.Launch` and know nothing of strategies,
 configs or the metrics table; this is where those meet: the strategy's program is bound to the
 config (:class:`BoundProgram`), its servers become factories, the sim gets its cost model, and
-server counters and lost workers become ``server``/``worker-lost`` rows.
+server counters and lost workers become ``server``/``worker-lost`` rows. It sits beside the
+registry, above every family: a strategy is looked up here once the package has imported them
+all.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from ..metrics import Row, record
 from ..models import model_flops
 from ..runtime.base import Comm, Emit, Launch, Outcome
 from ..runtime.sim.cost import Stragglers, build_cost_model
-from ..strategies import Strategy, get_strategy
-from ..strategies.large_batch.checks import check_data as check_large_batch_data
-from .checkpoint import load_rank, load_servers
-from .faults import check_fault_steps
-from .worker import Program, WorkerContext, load_for, total_steps
+from ..training.checkpoint import load_rank, load_servers
+from ..training.faults import check_fault_steps
+from ..training.worker import Program, WorkerContext, load_for, total_steps
+from .large_batch.checks import check_data as check_large_batch_data
+from .registry import Strategy, get_strategy
 
 RowsCallback = Callable[[list[dict[str, Any]]], None]
 

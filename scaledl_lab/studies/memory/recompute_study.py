@@ -6,7 +6,8 @@ table (one row per model), :func:`recompute_claim` the verdict on it.
 
 Each model trains a few steps of ``allreduce`` on one simulated worker (no communication: the
 step is its compute), the same seed with and without recomputation. The checkpoints and each
-segment's own activations come from :func:`.recompute.segment_bytes` on the same batch.
+segment's own activations come from
+:func:`scaledl_lab.strategies.memory.recompute.segment_bytes` on the same batch.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import torch
 from ...config import ExperimentConfig
 from ...experiment import run
 from ...models import build_model
-from ...studies.verdict import Claim, mark
+from ...strategies.memory.recompute import segment_bytes, segments
 from ...training.plan import load_for
-from .recompute import segment_bytes, segments
+from ..verdict import Claim, mark
 
 MODELS = ("mlp", "cnn", "resnet18")
 STEPS = 4

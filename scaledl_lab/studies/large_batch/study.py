@@ -1,7 +1,7 @@
 """The large-batch reproductions (notebook 07): a fixed epoch budget on Fashion-MNIST with the MLP
 on simulated workers; batch 128 against a naive 4096, linear scaling without and with warmup,
 LARS; Smith's decaying LR against a growing batch; the sharpness of the small- and large-batch
-minima. ``python -m scaledl_lab.strategies.large_batch.study --out results/large-batch`` writes
+minima. ``python -m scaledl_lab.studies.large_batch.study --out results/large-batch`` writes
 the folder the notebook loads: metrics.csv, config.json, sharpness.csv, slice.csv, PNGs and
 summary.md.
 """
@@ -21,8 +21,9 @@ from ...config import ExperimentConfig
 from ...errors import DivergenceError
 from ...experiment import Results, environment_info, run
 from ...metrics import to_frame
-from ...studies.verdict import Claim
+from ...strategies.large_batch.sharpness import analyse, loss_slice
 from ...training.plan import load_for
+from ..verdict import Claim
 from .report import (
     figure_accuracy,
     figure_schedules,
@@ -31,7 +32,6 @@ from .report import (
     schedule_frame,
     verdicts,
 )
-from .sharpness import analyse, loss_slice
 
 EPOCHS = 10
 LR = 0.01  # the rate of batch 128 (the reference batch): × 32 = 0.32 at 4096 with linear scaling
@@ -147,7 +147,7 @@ class Study:
         lines = ["# Large-batch reproductions", "",
                  "Fashion-MNIST, MLP, simulated workers, "
                  f"{EPOCHS} epochs each "
-                 "(`python -m scaledl_lab.strategies.large_batch.study`).", "",
+                 "(`python -m scaledl_lab.studies.large_batch.study`).", "",
                  "| run | final test accuracy | updates | diverged |", "|---|---:|---:|---|",
                  *rows, "", "## Claims", ""]  # fmt: skip
         lines += [markdown_line(c) for c in self.claims.values()]

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from ...config import ExperimentConfig
 from ...experiment import Results, compare
 from ...models import build_model
-from ...studies.verdict import Claim, Verdict
 from ...training.plan import load_for
 from ...training.precision import INIT_SCALE, Precision
 from ...training.reference import one_thread
+from ..verdict import Claim, Verdict
 
 
 @one_thread()
@@ -129,7 +129,7 @@ The MLP: 20,000 training samples, batch 64 per worker, lr 0.05 (156 steps per wo
 10,000 training samples, batch 32 per worker, lr 0.02 (156 steps per worker: five times the
 tests' claim setting, whose 31 steps end while the scale is still coming down). Each is tested
 on the 10,000 test samples. Quick mode: 2,000 training and 1,000 test samples.
-``python -m scaledl_lab.strategies.memory.precision_study`` writes results/precision/ (``--out
+``python -m scaledl_lab.studies.memory.precision_study`` writes results/precision/ (``--out
 DIR`` elsewhere, ``--jobs N`` processes side by side)."""
 
 STUDY_SEEDS = (0, 1, 2, 3, 4, 5)
@@ -164,7 +164,7 @@ def study_configs(
 def run_study(out: str | os.PathLike[str], is_quick: bool = False, jobs: int = 1,
               configs: list[ExperimentConfig] | None = None) -> Results:  # fmt: skip
     """The study's runs (``jobs`` processes side by side), saved in ``out``."""
-    from ...studies.side_by_side import compare_side_by_side
+    from ..side_by_side import compare_side_by_side
 
     configs = configs if configs is not None else study_configs(is_quick)
     return compare_side_by_side(configs, out=out, jobs=jobs, progress=False)
