@@ -12,7 +12,8 @@ there before a config is validated.
 - :mod:`.memory`: ZeRO's stages 1-3 (sharded optimiser state, gradients, parameters);
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
   travel in each family, its study and report;
-- :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser).
+- :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser);
+- :mod:`.mesh`: the device mesh, data (ZeRO), tensor/sequence and pipeline parallelism composed.
 
 The last two register no strategy of their own: they change how the others train. The checks
 of the config fields no family owns (the cost model's, faults, checkpoints) register when
@@ -30,6 +31,7 @@ from . import (
     large_batch,
     low_communication,
     memory,
+    mesh,
     model_parallel,
     parameter_server,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "large_batch",
     "low_communication",
     "memory",
+    "mesh",
     "model_parallel",
     "parameter_server",
     "register",
