@@ -5,11 +5,9 @@ micro-batches)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ... import families, gpt
-from ...data.licenses import SEQUENCE
 from ...errors import ConfigError, choices
 from ..memory.checks import ELEMENTWISE_OPTIMIZERS
 from .grid import Mesh
@@ -75,16 +73,12 @@ def check_mesh(cfg: Any) -> None:
 
 
 def _check_tp(cfg: Any, tp: int) -> None:
-    for what, size in (("attention heads", gpt.HEADS), ("hidden width", gpt.HIDDEN)):
-        if size % tp:
-            raise ConfigError(
-                f"mesh={cfg.mesh!r}: tp={tp} does not divide gpt-tiny's {size} {what}; choose "
-                f"a divisor of {math.gcd(gpt.HEADS, gpt.HIDDEN)}"
-            )
-    if cfg.sequence_parallel and SEQUENCE % tp:
+    """``tp`` splits the heads (and so the width h = heads · d, and the sequence of 32, which
+    every divisor of gpt-tiny's 4 heads divides: sequence parallelism needs nothing more)."""
+    if gpt.HEADS % tp:
         raise ConfigError(
-            f"mesh={cfg.mesh!r}: sequence_parallel=True splits the sequence of {SEQUENCE} "
-            f"positions over tp={tp}, which does not divide it; choose a divisor of {SEQUENCE}"
+            f"mesh={cfg.mesh!r}: tp={tp} does not divide gpt-tiny's {gpt.HEADS} attention heads "
+            f"(nor then its hidden width {gpt.HIDDEN}, as heads); choose a divisor of {gpt.HEADS}"
         )
 
 

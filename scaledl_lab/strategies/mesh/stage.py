@@ -124,7 +124,7 @@ class Stage:
                     saved[-1]["out"] = loss  # the head's backward starts from the loss
                     loss_sum += loss.item()
                 else:
-                    sends.append(comm.isend(out.detach(), chunk.next))
+                    sends.append(comm.isend(out.detach().contiguous(), chunk.next))
                 stash[(chunk.virtual, m)] = saved
             elif phase == "B":
                 saved = stash.pop((chunk.virtual, m))
@@ -133,7 +133,7 @@ class Stage:
                     grad = await inbox.take(("B", m, chunk.virtual), chunk.next)
                 grad_in = await self.backward(chunk, saved, grad)
                 if not chunk.is_first:
-                    sends.append(comm.isend(grad_in, chunk.prev))
+                    sends.append(comm.isend(grad_in.contiguous(), chunk.prev))
         for pending in sends:
             await pending.wait()
         return loss_sum, correct
