@@ -15,6 +15,7 @@ from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.strategies.mesh import program
 from scaledl_lab.strategies.mesh.gather import assemble
 from scaledl_lab.strategies.mesh.grid import Mesh
+from scaledl_lab.strategies.mesh.layers import Deferred
 from scaledl_lab.strategies.model_parallel.conjugates import Exchange
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
@@ -194,10 +195,15 @@ def _no_dp_average(params, flat):  # the dp sum written back, not divided by dp
     return write_grads(params, flat * 2)
 
 
+def _no_weights(self, module):  # zero bubble's W left out
+    return None
+
+
 @pytest.mark.parametrize(
     "target, name, broken, mesh",
     [
         (Exchange, "f_backward", None, dict(dp=1, tp=2, pp=1)),
+        (Deferred, "weights", _no_weights, dict(dp=1, tp=2, pp=2, schedule="zb-h1")),
         (program.MeshModel, "_sum_split_regions", _no_region_sum, dict(dp=1, tp=2, pp=1, sp=True)),
         (program, "write_grads", _no_dp_average, dict(dp=2, tp=1, pp=2)),
     ],

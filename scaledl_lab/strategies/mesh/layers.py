@@ -67,11 +67,16 @@ class Embedding:
             x = x[dims.positions(x.shape[0])].clone()
         return x, {"out": embedded}
 
-    async def backward(self, dims: Dims, saved: Any, grad: torch.Tensor) -> None:
+    async def backward(
+        self, dims: Dims, saved: Any, grad: torch.Tensor, weights: bool = True
+    ) -> None:
         if dims.sequence_parallel:
             grad = await dims.exchange.all_gather(grad)  # every rank's positions
         async with dims.tp.compute(grad.shape[1], self.share * BACKWARD):
-            torch.autograd.backward(saved["out"], grad)
+            Deferred.run(saved, [], weights)(saved["out"], grad)  # no input gradient
+
+    def weights(self, saved: Any) -> None:
+        saved["deferred"].weights(self.module)
 
     def pieces(self, owner: bool) -> list[Piece]:
         return _whole(self.prefix, self.module) if owner else []
@@ -94,14 +99,19 @@ class Head:
                 logits = self.module(z.transpose(0, 1))
         return logits, {"z": z, "out": logits}
 
-    async def backward(self, dims: Dims, saved: Any, grad: torch.Tensor | None) -> torch.Tensor:
+    async def backward(
+        self, dims: Dims, saved: Any, grad: torch.Tensor | None, weights: bool = True
+    ) -> torch.Tensor:
         z = saved["z"]
         async with dims.tp.compute(z.shape[1], self.share * BACKWARD):
-            torch.autograd.backward(saved["out"], grad)  # grad None: "out" is the loss
+            Deferred.run(saved, [z], weights)(saved["out"], grad)  # None: "out" is the loss
         grad_in = z.grad
         if dims.sequence_parallel:  # the head is replicated: this rank's positions, no sum
             grad_in = grad_in[dims.positions(grad_in.shape[0])].contiguous()
         return grad_in
+
+    def weights(self, saved: Any) -> None:
+        saved["deferred"].weights(self.module)
 
     def pieces(self, owner: bool) -> list[Piece]:
         return _whole(self.prefix, self.module) if owner else []
@@ -127,10 +137,18 @@ class Block:
             dims.exchange, x, self.shares, dims.ledgers, grad=grad
         )
 
-    async def backward(self, dims: Dims, saved: Any, grad: torch.Tensor) -> torch.Tensor:
+    async def backward(
+        self, dims: Dims, saved: Any, grad: torch.Tensor, weights: bool = True
+    ) -> torch.Tensor:
+        kept = saved  # where W finds its graphs
         if dims.recompute:  # the forward again, its collectives too, then its backward
             _, saved = await self._run(dims, _leaf(saved["x"], True), grad=True)
-        return await self.module.backward(dims.exchange, saved, grad, self.shares)
+        leaves = [saved[k] for k in ("x", "a", "s1", "r1_leaf", "c", "s2")]
+        run = Deferred.run(kept, leaves, weights)
+        return await self.module.backward(dims.exchange, saved, grad, self.shares, run)
+
+    def weights(self, saved: Any) -> None:
+        saved["deferred"].weights(self.module)
 
     def pieces(self, owner: bool) -> list[Piece]:
         """The tp slices of this rank (every rank has its own), and the replicated tensors
@@ -147,6 +165,36 @@ class Block:
                 if id(t) not in split
             ]
         return out
+
+
+class Deferred:
+    """Zero bubble's split of a layer's backward (Qi et al. 2023): B runs each local graph
+    into its leaves only (the input's gradient, and those the layer passes on), keeping the
+    graphs; W, later, runs them into the weights. Each weight hangs from one graph, so the
+    gradients are the whole backward's."""
+
+    def __init__(self, leaves: list[torch.Tensor]) -> None:
+        self.leaves = [t for t in leaves if t.requires_grad]
+        self.graphs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    @staticmethod
+    def run(saved: Any, leaves: list[torch.Tensor], weights: bool) -> Any:
+        """The backward of one graph: whole (``weights``), else B's, W's kept in ``saved``."""
+        if weights:
+            return torch.autograd.backward
+        saved["deferred"] = deferred = Deferred(leaves)
+        return deferred
+
+    def __call__(self, tensor: torch.Tensor, grad: torch.Tensor | None) -> None:
+        self.graphs.append((tensor, grad))
+        if self.leaves:
+            torch.autograd.backward(tensor, grad, inputs=self.leaves, retain_graph=True)
+
+    def weights(self, module: nn.Module) -> None:
+        params = [p for p in module.parameters() if p.requires_grad]
+        for tensor, grad in self.graphs:
+            torch.autograd.backward(tensor, grad, inputs=params)
+        self.graphs.clear()
 
 
 def _whole(prefix: str, module: nn.Module) -> list[Piece]:

@@ -6,9 +6,10 @@ schedule (sequence parallelism's sum of the split regions' gradients, data paral
 average) is the program's (:mod:`.program`).
 
 gpt-tiny's layers (embedding, blocks, head) are cut into ``pp·V`` equal runs; chunk c of stage
-k is virtual stage c·pp + k, as the pipeline strategies place them. Zero bubble's W runs with
-its B here: each B computes the weight gradients too, W is kept in the schedule's order as a
-mark only (the same gradients; the timing of its split is the pipeline strategy ``zb-h1``'s).
+k is virtual stage c·pp + k, as the pipeline strategies place them. Zero bubble splits each
+layer's backward into B (the input gradients, the graphs kept) and W (the weights', later):
+:class:`.layers.Deferred`. The simulator charges a block's whole backward to B and nothing to
+W (the pipeline strategy ``zb-h1`` charges each a third of the step).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Stage:
         self.is_last = any(chunk.is_last for chunk in self.chunks)
         plan = schedules.schedule(schedule, p, micro_batches, virtual)
         self.ops = plan[k]
+        self.splits_backward = any(op[0] == "W" for op in self.ops)  # zero bubble: B, then W
         self.ahead = schedules.in_flight(self.ops)
         sent = channels.messages(plan)
         self.expected = {pp.group[s]: list(keys) for (s, d), keys in sent.items() if d == k}
@@ -84,13 +86,21 @@ class Stage:
         return x, saved
 
     async def backward(
-        self, chunk: Chunk, saved: list, grad: torch.Tensor | None
+        self, chunk: Chunk, saved: list, grad: torch.Tensor | None, weights: bool = True
     ) -> torch.Tensor | None:
+        """The chunk's backward (``weights`` False: zero bubble's B, the weights' W later)."""
         for layer, s in zip(reversed(chunk.layers), reversed(saved), strict=True):
             await self._gathered(layer)
-            grad = await layer.backward(self.dims, s, grad)
+            grad = await layer.backward(self.dims, s, grad, weights)
             self._free(layer)
         return grad
+
+    async def weights(self, chunk: Chunk, saved: list) -> None:
+        """Zero bubble's W: the weight gradients of the graphs B kept."""
+        for layer, s in zip(reversed(chunk.layers), reversed(saved), strict=True):
+            await self._gathered(layer)
+            layer.weights(s)
+            self._free(layer)
 
     # -- one mini-batch --------------------------------------------------------------------
 
@@ -106,6 +116,7 @@ class Stage:
         shape = self._activation_shape(x.shape[1], micro)
         inbox = channels.Inbox(comm, self.expected, lambda key: shape, dtype, self.ahead)
         stash: dict[tuple[int, int], list] = {}
+        waiting_w: dict[tuple[int, int], list] = {}
         sends: list[Pending] = []
         loss_sum, correct = 0.0, 0
         for op in self.ops:
@@ -131,9 +142,13 @@ class Stage:
                 grad = None
                 if not chunk.is_last:
                     grad = await inbox.take(("B", m, chunk.virtual), chunk.next)
-                grad_in = await self.backward(chunk, saved, grad)
+                grad_in = await self.backward(chunk, saved, grad, not self.splits_backward)
                 if not chunk.is_first:
                     sends.append(comm.isend(grad_in.contiguous(), chunk.prev))
+                if self.splits_backward:
+                    waiting_w[(chunk.virtual, m)] = saved
+            else:  # "W"
+                await self.weights(chunk, waiting_w.pop((chunk.virtual, m)))
         for pending in sends:
             await pending.wait()
         return loss_sum, correct
