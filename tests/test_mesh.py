@@ -152,6 +152,17 @@ def test_assemble_writes_pieces_by_the_unsplit_names():
         assemble(shapes, [("c", (slice(None),), torch.ones(1))])
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_sixteen_bits_train_on_a_mesh(precision):
+    adam = dict(optimizer="adam", lr=3e-3, momentum=0.0, max_steps=12, train_subset=320)
+    cfg = _config(2, 2, 2, True, False, 2, "1f1b", precision=precision, **adam)
+    train = run(cfg, progress=False, log=None).frame.query("kind == 'train'")
+    first, last = train[train.step == 1], train[train.step == cfg.max_steps]
+    assert last["loss"].mean() < first["loss"].mean() - 0.5  # it learns
+    scales = train["loss_scale"].dropna()  # float16: the dynamic scale, the same everywhere
+    assert len(scales) == (len(train) if precision == "float16" else 0)
+
+
 def _twin_diff(cfg: ExperimentConfig) -> float:
     res = run(cfg, progress=False, log=None)
     return max_diff(res.model_state_dict(), train_sequential(cfg, load_for(cfg)))
@@ -179,10 +190,6 @@ def test_rows_and_the_whole_model_back():
     assert list(state) == list(reference)  # all of gpt-tiny's tensors, by their names
     init = train_sequential(cfg.replace(max_steps=1, lr=1e-12), load_for(cfg))
     assert max_diff(reference, init) > 1e-3  # the twin moved: the comparison has power
-
-
-def _skip_f(self, grad):  # f's backward without its allreduce over tp
-    return grad
 
 
 async def _no_region_sum(self):  # sequence parallelism's split regions left unsummed

@@ -57,6 +57,8 @@ class MeshModel:
             virtual=cfg.virtual_stages, hidden=gpt.embed.token.embedding_dim, dp=self.dp,
             buffers=self.buffers,
         )  # fmt: skip
+        if ctx.precision is not None:
+            self.stage.to_loss = ctx.precision.logits
         self.layers = self.stage.layers
         self.params = [p for layer in self.layers for p in layer.module.parameters()]
         self.units: list[FlatUnit] = []
@@ -96,7 +98,14 @@ class MeshModel:
             await self.dp.allreduce(flat)
             write_grads(self.params, flat / self.dp.world_size)
         ctx.set_lr(self.optimizer, step)
-        self.optimizer.step()
+        if ctx.precision is not None and ctx.precision.checks_overflow:
+            # Dynamic loss scaling: one verdict for every rank, each holding a part of the
+            # gradient (its slices, its stages, its shards).
+            found = torch.tensor([float(self.optimizer.found_inf())], dtype=torch.float64)
+            await ctx.comm.allreduce(found)
+            self.optimizer.step(found_inf=bool(found[0] > 0))
+        else:
+            self.optimizer.step()
         if self.zero in (1, 2):
             for unit in self.units:
                 await unit.gather(self.dp, self.buffers)

@@ -49,6 +49,7 @@ class Stage:
         model's width; ``dp`` and ``buffers``: where ZeRO-3 gathers a layer's parameters."""
         self.pp, self.dims, self.dp, self.buffers = pp, dims, dp, buffers or Peak()
         self.hidden = hidden
+        self.to_loss: Any = lambda logits: logits  # 16 bits: cast to float32, loss-scaled
         p, k = pp.world_size, pp.rank
         per = len(layers) // (p * virtual)
         last = p * virtual - 1
@@ -131,7 +132,7 @@ class Stage:
                 out, saved = await self.forward(chunk, inp, grad=True)
                 if chunk.is_last:
                     correct += correct_count(out, ys[m])
-                    loss = loss_of(out, ys[m], batch_size)
+                    loss = loss_of(self.to_loss(out), ys[m], batch_size)
                     saved[-1]["out"] = loss  # the head's backward starts from the loss
                     loss_sum += loss.item()
                 else:
