@@ -152,6 +152,19 @@ def test_assemble_writes_pieces_by_the_unsplit_names():
         assemble(shapes, [("c", (slice(None),), torch.ones(1))])
 
 
+def test_the_ledger_halves_what_each_zero_stage_shards_over_dp():
+    columns = ["mem_params", "mem_grads", "mem_optim"]
+    ledger = {}
+    for zero in range(4):
+        cfg = _config(2, 2, 2, zero=zero, max_steps=2, precision="float32")
+        train = run(cfg, progress=False, log=None).frame.query("kind == 'train' and rank == 0")
+        ledger[zero] = train[columns].iloc[-1].tolist()
+    params, grads, optim = ledger[0]
+    assert ledger[1] == [params, grads, optim / 2]
+    assert ledger[2] == [params, grads / 2, optim / 2]
+    assert ledger[3] == [params / 2, grads / 2, optim / 2]
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_sixteen_bits_train_on_a_mesh(precision):
     adam = dict(optimizer="adam", lr=3e-3, momentum=0.0, max_steps=12, train_subset=320)

@@ -17,13 +17,11 @@ every rank holds the whole unsplit model (:mod:`.gather`); rank 0 returns it.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ...objective import correct_count, model_input, summed_loss
 from ...params import flat_grad, write_grads
-from ...training.ledger import Peak
+from ...training.ledger import Peak, StepMemory, nbytes, optimizer_state_bytes
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
 from ..memory.flat import FlatUnit
 from ..model_parallel.parallel_transformer import Ledgers
@@ -109,6 +107,7 @@ class MeshModel:
         if self.zero in (1, 2):
             for unit in self.units:
                 await unit.gather(self.dp, self.buffers)
+        self.step_memory = self.memory()  # before the gradients go
         self.optimizer.zero_grad()
         if not self.zero:
             for p in self.params:
@@ -132,6 +131,24 @@ class MeshModel:
         pending = [(u, u.reduce_start(self.dp, self.buffers)) for u in self.units]
         for unit, started in pending:
             unit.set_shard_grad(await started.wait(), self.dp.world_size, self.buffers)
+
+    def memory(self) -> StepMemory:
+        """This step's ledger, after the optimiser's step: the parameters this rank holds (its
+        slices, or its ZeRO-3 shards), gradients (stage 1: whole; 2, 3: the shards'), the
+        optimiser's state, what its blocks saved for backward, ZeRO's buffers in flight."""
+        units = self.units
+        if self.zero == 3:
+            held = [u.shard for u in units]
+        else:
+            held = [u.full for u in units] if units else self.params
+        grads = [u.grad_full for u in units] if self.zero == 1 else [u.shard.grad for u in units]
+        return StepMemory(
+            params=nbytes(held),
+            grads=nbytes(grads if units else [p.grad for p in self.params]),
+            optim=optimizer_state_bytes(self.optimizer),
+            activations=self.dims.ledgers.norms.bytes.peak + self.dims.ledgers.rest.bytes.peak,
+            buffers=self.buffers.peak,
+        )
 
     # -- whole layers (ZeRO-3), evaluation, the model back ---------------------------------
 
@@ -206,8 +223,9 @@ async def train(ctx: WorkerContext) -> None:
         stats = await model.train_step(x, y, step)
         step += 1
         counted = stats.samples if model.stage.is_last and model.tp.rank == 0 else 0
-        lr = lr_of(model.optimizer) if model.optimizer is not None else math.nan
-        ctx.log_train(step, stats, sent=comm.bytes_sent - sent_before, lr=lr, counted=counted)
+        sent, lr = comm.bytes_sent - sent_before, lr_of(model.optimizer)
+        memory = model.step_memory.columns()
+        ctx.log_train(step, stats, sent=sent, lr=lr, counted=counted, memory=memory)
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await model.evaluate(epoch=ctx.progress(step), step=step)
