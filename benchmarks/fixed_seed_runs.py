@@ -43,6 +43,19 @@ PER_STRATEGY = {
     "hogwild": dict(workers=4),
     "diloco": dict(workers=4, sync_period=5, optimizer="adamw", lr=1e-3),
     "streaming-diloco": dict(workers=4, sync_period=6, fragments=3, overlap_steps=2),
+    "mesh": dict(
+        workers=8,
+        mesh="dp=2,tp=2,pp=2",
+        model="gpt-tiny",
+        dataset="licenses",
+        micro_batches=2,
+        zero_stage=1,
+        sequence_parallel=True,
+        train_subset=256,
+        val_size=32,
+        test_subset=32,
+        batch_size=8,
+    ),  # fmt: skip
 }
 
 VARIANTS = {

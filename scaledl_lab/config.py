@@ -166,9 +166,7 @@ class ExperimentConfig:
     @property
     def model_parallel_size(self) -> int:
         """Workers that share one model: a pipeline's stages, the tensor-parallel degree."""
-        if families.has(self.strategy, "pipeline"):
-            return self.stages or self.workers
-        return self.workers if families.has(self.strategy, "splits_model") else 1
+        return families.placement(self)[0]  # a mesh's: every dimension but dp
 
     @property
     def replicas(self) -> int:

@@ -34,6 +34,7 @@ CONTRACT_STRATEGIES: tuple[str, ...] = (
     "zero3",
     "diloco",
     "streaming-diloco",
+    "mesh",
 )
 # Gradient compressors (``compress``: none, onebit, qsgd:LEVELS, topk:RATIO, dgc:RATIO,
 # powersgd:RANK).

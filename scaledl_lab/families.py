@@ -40,6 +40,7 @@ CAPABILITIES: dict[str, str] = {
     "checkpointable": "every step ends where no message is in flight (checkpoint_every=...)",
     "mixed_precision": "precision=bfloat16|float16: each worker steps float32 master weights "
     "of its 16-bit model",
+    "mesh": "the parallel dimensions composed on a mesh of ranks (mesh=dp=D,tp=T,pp=P)",
 }
 OPTIMISER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 # Each optimiser's own setting: what a run that names one other than its strategy family's trains
@@ -144,7 +145,8 @@ class Family:
     and the constraints of its own strategies). ``prepare_model(cfg, model)`` and
     ``optimiser_changes(cfg)`` are asked by the loop on every worker and in the sequential
     twins. A family with no strategies (large batches, compression) changes how the others
-    train: only its options, its check and its changes count.
+    train: only its options, its check and its changes count. ``placement(cfg, rank)``: as
+    :func:`placement`, where replicas are not runs of consecutive ranks (a mesh's).
     """
 
     name: str  # its folder below scaledl_lab/strategies
@@ -156,6 +158,7 @@ class Family:
     options: type | None = None
     prepare_model: Callable[[Any, Any], Any] | None = None
     optimiser_changes: Callable[[Any], OptimiserChanges] | None = None
+    placement: Callable[[Any, int], tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.options is not None and not (
@@ -324,6 +327,17 @@ def prepare_model(cfg: Any, model: Any) -> Any:
         if family.prepare_model is not None:
             model = family.prepare_model(cfg, model)
     return model
+
+
+def placement(cfg: Any, rank: int = 0) -> tuple[int, int]:
+    """(ranks that share one replica, the replica ``rank`` trains): the family's placement, or
+    consecutive ranks, a pipeline's stages (every worker of a split model; else one) each."""
+    family = _OF.get(cfg.strategy)
+    if family is not None and family.placement is not None:
+        return family.placement(cfg, rank)
+    split = cfg.workers if has(cfg.strategy, "splits_model") else 1
+    size = (cfg.stages or cfg.workers) if has(cfg.strategy, "pipeline") else split
+    return size, rank // size
 
 
 def optimiser_changes(cfg: Any) -> OptimiserChanges:

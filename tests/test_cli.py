@@ -24,7 +24,7 @@ IMPLEMENTED = (
     "staleness-aware", "dc-asgd", "backup-workers", "nnt", "nnt-lockstep", "nnt-staged",
     "dpsgd", "adpsgd", "local-sgd", "easgd", "model-parallel", "gpipe", "1f1b", "interleaved-1f1b",
     "zb-h1",
-    "tensor-parallel", "zero1", "zero2", "zero3", "diloco", "streaming-diloco",
+    "tensor-parallel", "zero1", "zero2", "zero3", "diloco", "streaming-diloco", "mesh",
 )  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def test_list_names_every_strategy_with_its_description(capsys):
     assert len(set(listed.values())) == len(listed)  # no two strategies share one line
     assert family_lines == [
         "data_parallel", "parameter_server", "decentralised", "model_parallel", "memory",
-        "low_communication", "compression", "large_batch",
+        "low_communication", "mesh", "compression", "large_batch",
     ]  # fmt: skip
     assert "runtimes: dask, sim" in lines
     assert "datasets: fashion-mnist, mnist1d, cifar10, licenses" in lines

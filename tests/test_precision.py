@@ -496,7 +496,7 @@ def test_16_bits_name_the_strategies_they_apply_to(strategy, prec):
         ExperimentConfig(strategy=strategy, runtime="sim", workers=2, precision=prec)
     assert str(err.value) == (
         f"precision {prec} applies to 'allreduce', 'allreduce-naive', 'zero1', 'zero2', "
-        "'zero3' (their workers step float32 master weights of a 16-bit model); "
+        "'zero3', 'mesh' (their workers step float32 master weights of a 16-bit model); "
         f"strategy={strategy!r} trains in float32 or float64 only"
     )
 

@@ -12,7 +12,8 @@ there before a config is validated.
 - :mod:`.memory`: ZeRO's stages 1-3 (sharded optimiser state, gradients, parameters);
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
   travel in each family, its study and report;
-- :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser).
+- :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser);
+- :mod:`.mesh`: the device mesh, data (ZeRO), tensor/sequence and pipeline parallelism composed.
 
 The last two register no strategy of their own: they change how the others train. Beside the
 registry (:mod:`.registry`), :mod:`.launch` binds a config's strategy to a runtime. The checks
@@ -31,6 +32,7 @@ from . import (
     large_batch,
     low_communication,
     memory,
+    mesh,
     model_parallel,
     parameter_server,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "large_batch",
     "low_communication",
     "memory",
+    "mesh",
     "model_parallel",
     "parameter_server",
     "register",

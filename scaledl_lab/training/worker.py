@@ -87,7 +87,7 @@ class WorkerContext(Evaluation):
     @property
     def data_rank(self) -> int:
         """This worker's replica: the workers that split one model read the same batches."""
-        return self.rank // self.config.model_parallel_size
+        return families.placement(self.config, self.rank)[1]
 
     def __post_init__(self) -> None:
         cfg = self.config

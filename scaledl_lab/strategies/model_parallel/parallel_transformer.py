@@ -34,6 +34,7 @@ the sequence is then a contiguous chunk, what ``reduce_scatter`` and ``all_gathe
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,7 @@ from ...training.ledger import SavedTensors, StepMemory, nbytes, optimizer_state
 from .conjugates import Exchange
 
 FORWARD, BACKWARD = 1 / 3, 2 / 3  # a step's FLOPs: forward ~1/3, backward ~2/3
+Backward = Callable[[torch.Tensor, torch.Tensor], None]  # one local graph's backward
 
 
 def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
@@ -145,20 +147,23 @@ class ParallelBlock(nn.Module):
 
     async def backward(
         self, ex: Exchange, t: dict[str, torch.Tensor], grad_out: torch.Tensor,
-        shares: tuple[float, float],
+        shares: tuple[float, float], run: Backward | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """Accumulate the block's gradients from its output's; return its input's."""
+        """Accumulate the block's gradients from its output's; return its input's. ``run``
+        takes each local graph's backward (a zero-bubble B: into the leaves only, the
+        graph kept for the weights' W)."""
         comm, n = ex.comm, t["x"].shape[1]
-        torch.autograd.backward(t["out"], grad_out)  # into r1_leaf, s2 and the bias
+        run = run or torch.autograd.backward
+        run(t["out"], grad_out)  # into r1_leaf, s2 and the bias
         g2 = await ex.g_backward(t["s2"].grad)
         async with comm.compute(n, shares[1] * BACKWARD):
-            torch.autograd.backward(t["p2"], g2)
-        torch.autograd.backward(t["h2"], await ex.f_backward(t["c"].grad))
-        torch.autograd.backward(t["r1"], t["r1_leaf"].grad)  # into x, s1 and the bias
+            run(t["p2"], g2)
+        run(t["h2"], await ex.f_backward(t["c"].grad))
+        run(t["r1"], t["r1_leaf"].grad)  # into x, s1 and the bias
         g1 = await ex.g_backward(t["s1"].grad)
         async with comm.compute(n, shares[0] * BACKWARD):
-            torch.autograd.backward(t["p1"], g1)
-        torch.autograd.backward(t["h1"], await ex.f_backward(t["a"].grad))
+            run(t["p1"], g1)
+        run(t["h1"], await ex.f_backward(t["a"].grad))
         return t["x"].grad
 
     def write_into(self, block: Block) -> list[tuple[torch.Tensor, tuple, torch.Tensor]]:

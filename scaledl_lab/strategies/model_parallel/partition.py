@@ -197,6 +197,8 @@ def check_model_parallel(cfg: Any) -> None:
     """Config errors of the model-parallel strategies (stages, micro-batches, balance,
     tensor-parallel degree), each one line naming the field, before any cluster starts."""
     name = cfg.strategy
+    if families.has(name, "mesh"):
+        return  # the mesh reads these options for its dimensions, and checks them itself
     _check_virtual_stages(cfg)
     if cfg.sequence_parallel and name != "tensor-parallel":
         raise ConfigError(

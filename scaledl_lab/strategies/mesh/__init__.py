@@ -1,0 +1,34 @@
+"""The device mesh: data (ZeRO stages 0–3), tensor/sequence and pipeline parallelism composed
+on gpt-tiny, each dimension a group of the ``Comm`` (:mod:`.grid`: the mesh and its groups;
+:mod:`.view`: one group seen as a ``Comm``; :mod:`.layers`: the ``tp`` slices; :mod:`.stage`:
+the ``pp`` schedule; :mod:`.program`: the step with ``dp``'s average or sharding;
+:mod:`.gather`: the whole model back by its unsplit names; :mod:`.checks`: its config errors)."""
+
+from ...families import Family, register_family
+from ..registry import described
+from . import checks, gather, grid, layers, program, stage, view
+from .options import MeshOptions
+
+FAMILY = register_family(
+    Family(
+        name="mesh",
+        summary="parallel dimensions composed on a mesh of ranks: dp (ZeRO), tp (sequence), pp",
+        strategies=described("mesh"),
+        capabilities={"mesh": True, "mixed_precision": True},
+        check=checks.check_mesh,
+        options=MeshOptions,
+        placement=checks.placement,
+    )
+)
+
+__all__ = [
+    "FAMILY",
+    "MeshOptions",
+    "checks",
+    "gather",
+    "grid",
+    "layers",
+    "program",
+    "stage",
+    "view",
+]

@@ -1,0 +1,31 @@
+"""The mesh's options: its dimensions (``--mesh dp=2,tp=2,pp=2``), data parallelism's ZeRO
+stage and the pipeline's schedule. Micro-batches, virtual stages and sequence parallelism are
+the model-parallel family's options, recomputation the memory family's: the mesh reads them for
+its ``pp`` and ``tp`` dimensions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...families import option
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class MeshOptions:
+    mesh: str | None = field(
+        default=None,
+        metadata=option(
+            "mesh: its dimensions dp=D,tp=T,pp=P (product = workers, the last innermost)",
+            metavar="dp=D,tp=T,pp=P",
+        ),
+    )
+    zero_stage: int = field(
+        default=0,
+        metadata=option("mesh: ZeRO stage of the dp dimension", choices=("0", "1", "2", "3")),
+    )
+    pipeline_schedule: str = field(
+        default="1f1b", metadata=option("mesh: the pp dimension's schedule", choices=SCHEDULES)
+    )

@@ -1,0 +1,234 @@
+"""The mesh's program: gpt-tiny transformed one dimension at a time, as torchtitan's
+``parallelize`` applies tensor parallelism, recomputation and FSDP to one model.
+
+1. ``tp``: each block sliced over the rank's ``tp`` group (:mod:`.layers`);
+2. ``pp``: the layers cut into stages, a schedule run over the ``pp`` group (:mod:`.stage`);
+3. ``dp``: the gradients averaged over the ``dp`` group, the model states sharded over it at
+   ``zero_stage`` 1–3 (:mod:`..memory.flat`'s flat units, ZeRO's reduce-scatter and all-gather
+   over the group; stage 3 gathers each layer just before it computes and frees it after).
+
+One step: the schedule's forwards and backwards (``tp``'s collectives inside every block,
+``pp``'s messages between the stages), then with sequence parallelism the sum over ``tp`` of the
+gradients of the regions split along the sequence, then ``dp``'s average, then the optimiser on
+this rank's slices (or shards). Rows: ``kind="train"`` from every rank each step (its replica's
+loss, shared along ``pp``), val/test from the last stage's ``tp`` rank 0 of replica 0. At the end
+every rank holds the whole unsplit model (:mod:`.gather`); rank 0 returns it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...objective import correct_count, model_input, summed_loss
+from ...params import flat_grad, write_grads
+from ...training.ledger import Peak, StepMemory, nbytes, optimizer_state_bytes
+from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
+from ..memory.flat import FlatUnit
+from ..model_parallel.parallel_transformer import Ledgers
+from ..registry import register
+from . import layers as mesh_layers
+from .gather import gather_model
+from .grid import DIMENSIONS, Mesh
+from .layers import Dims
+from .stage import Stage
+from .view import GroupComm
+
+
+class MeshModel:
+    """This rank's part of gpt-tiny on the mesh, its groups, its optimiser."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        cfg, comm = ctx.config, ctx.comm
+        self.ctx, self.mesh = ctx, Mesh.parse(cfg.mesh)
+        for name in DIMENSIONS:  # every rank creates every group, in the same order
+            for group in self.mesh.groups(name):
+                comm.new_group(group)
+        self.view = {n: GroupComm(comm, self.mesh.group_of(comm.rank, n)) for n in DIMENSIONS}
+        self.tp, self.pp, self.dp = self.view["tp"], self.view["pp"], self.view["dp"]
+        gpt = ctx.build_model()
+        self.shapes = {k: v.detach() for k, v in gpt.state_dict().items()}
+        self.dims = Dims(self.tp, cfg.sequence_parallel, cfg.recompute, Ledgers())
+        self.zero, self.buffers = cfg.zero_stage, Peak()
+        self.stage = Stage(
+            mesh_layers.build(gpt, self.tp), self.pp, self.dims,
+            schedule=cfg.pipeline_schedule, micro_batches=cfg.micro_batches,
+            virtual=cfg.virtual_stages, hidden=gpt.embed.token.embedding_dim, dp=self.dp,
+            buffers=self.buffers,
+        )  # fmt: skip
+        if ctx.precision is not None:
+            self.stage.to_loss = ctx.precision.logits
+        self.layers = self.stage.layers
+        self.params = [p for layer in self.layers for p in layer.module.parameters()]
+        self.units: list[FlatUnit] = []
+        if self.zero:
+            self.units = [
+                FlatUnit(layer.module, self.dp.rank, self.dp.world_size, self.zero == 3)
+                for layer in self.layers
+            ]
+            if self.zero == 3:
+                for layer, unit in zip(self.layers, self.units, strict=True):
+                    layer.unit = unit
+                    unit.free(self.buffers)
+            self.optimizer = ctx.make_optimizer([u.shard for u in self.units])
+        else:
+            self.optimizer = ctx.make_optimizer(self.params)
+
+    # -- one step --------------------------------------------------------------------------
+
+    async def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepStats:
+        cfg, ctx = self.ctx.config, self.ctx
+        self.buffers.reset()
+        self.dims.ledgers.new_step()
+        for unit in self.units if self.zero == 1 else ():
+            unit.keep_full_grads()  # backward accumulates into the flat gradient
+        loss_sum, correct = await self.stage.train_step(
+            x, y, cfg.micro_batches, cfg.batch_size, cfg.dtype
+        )
+        stats = torch.tensor([loss_sum, float(correct)], dtype=torch.float64)
+        await self.pp.allreduce(stats)  # the last stage's loss, to every stage
+        check_finite(stats[0].item(), rank=ctx.rank, epoch=ctx.plan.epoch_of(step), step=step)
+        if cfg.sequence_parallel and self.tp.world_size > 1:
+            await self._sum_split_regions()
+        if self.zero:
+            await self._reduce_scatter()
+        elif self.dp.world_size > 1:
+            flat = flat_grad(self.params)
+            await self.dp.allreduce(flat)
+            write_grads(self.params, flat / self.dp.world_size)
+        ctx.set_lr(self.optimizer, step)
+        if ctx.precision is not None and ctx.precision.checks_overflow:
+            # Dynamic loss scaling: one verdict for every rank, each holding a part of the
+            # gradient (its slices, its stages, its shards).
+            found = torch.tensor([float(self.optimizer.found_inf())], dtype=torch.float64)
+            await ctx.comm.allreduce(found)
+            self.optimizer.step(found_inf=bool(found[0] > 0))
+        else:
+            self.optimizer.step()
+        if self.zero in (1, 2):
+            for unit in self.units:
+                await unit.gather(self.dp, self.buffers)
+        self.step_memory = self.memory()  # before the gradients go
+        self.optimizer.zero_grad()
+        if not self.zero:
+            for p in self.params:
+                p.grad = None
+        return StepStats(stats[0].item(), int(stats[1].item()), len(y))
+
+    async def _sum_split_regions(self) -> None:
+        """Sequence parallelism: each ``tp`` rank saw its positions only, so the LayerNorms'
+        and the two biases' gradients are summed over ``tp``."""
+        params = [p for layer in self.layers if isinstance(layer, mesh_layers.Block)
+                  for p in layer.module.split_region_parameters()]  # fmt: skip
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        await self.tp.allreduce(flat)
+        for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.grad.copy_(part.view_as(p))
+
+    async def _reduce_scatter(self) -> None:
+        """ZeRO over ``dp``: each layer's gradient reduce-scattered, this rank's shard averaged."""
+        pending = [(u, u.reduce_start(self.dp, self.buffers)) for u in self.units]
+        for unit, started in pending:
+            unit.set_shard_grad(await started.wait(), self.dp.world_size, self.buffers)
+
+    def memory(self) -> StepMemory:
+        """This step's ledger, after the optimiser's step: the parameters this rank holds (its
+        slices, or its ZeRO-3 shards), gradients (stage 1: whole; 2, 3: the shards'), the
+        optimiser's state, what its blocks saved for backward, ZeRO's buffers in flight."""
+        units = self.units
+        if self.zero == 3:
+            held = [u.shard for u in units]
+        else:
+            held = [u.full for u in units] if units else self.params
+        grads = [u.grad_full for u in units] if self.zero == 1 else [u.shard.grad for u in units]
+        return StepMemory(
+            params=nbytes(held),
+            grads=nbytes(grads if units else [p.grad for p in self.params]),
+            optim=optimizer_state_bytes(self.optimizer),
+            activations=self.dims.ledgers.norms.bytes.peak + self.dims.ledgers.rest.bytes.peak,
+            buffers=self.buffers.peak,
+        )
+
+    # -- whole layers (ZeRO-3), evaluation, the model back ---------------------------------
+
+    async def gather_all(self) -> None:
+        if self.zero == 3:
+            for unit in self.units:
+                await unit.gather(self.dp, self.buffers)
+
+    def free_all(self) -> None:
+        if self.zero == 3:
+            for unit in self.units:
+                unit.free(self.buffers)
+
+    async def evaluate(self, *, epoch: float, step: int) -> None:
+        """Replica 0 scores val and test in slices of a micro-batch, each through every
+        virtual stage in turn; the last stage's ``tp`` rank 0 logs the rows."""
+        ctx, cfg, stage = self.ctx, self.ctx.config, self.stage
+        if self.zero == 3:  # every replica takes part in the gathers
+            for layer in self.layers:
+                layer.unit = None
+            await self.gather_all()
+        if self.dp.rank == 0:
+            comm, micro = ctx.comm, cfg.batch_size // cfg.micro_batches
+            for kind, split in (("val", ctx.data.val), ("test", ctx.data.test)):
+                loss, hits, n_all = 0.0, 0, 0
+                for start in range(0, len(split), micro):
+                    n = min(micro, len(split) - start)
+                    for chunk in stage.chunks:
+                        if chunk.is_first:
+                            inp = model_input(split.x[start : start + n], ctx.device, cfg.dtype)
+                        else:
+                            shape = stage._activation_shape(split.x.shape[1], n)
+                            inp = await comm.recv(torch.empty(shape, dtype=cfg.dtype), chunk.prev)
+                        out, _ = await stage.forward(chunk, inp, grad=False)
+                        if chunk.is_last:
+                            y = split.y[start : start + n].to(ctx.device)
+                            loss += summed_loss(out, y).item()
+                            hits += correct_count(out, y)
+                            n_all += n
+                        else:
+                            await comm.send(out.contiguous(), chunk.next)
+                if stage.is_last and self.tp.rank == 0 and n_all:
+                    ctx.log_eval(kind, epoch, step, loss, hits, n_all)
+        if self.zero == 3:
+            self.free_all()
+            for layer, unit in zip(self.layers, self.units, strict=True):
+                layer.unit = unit
+
+    async def unsplit(self) -> dict[str, torch.Tensor]:
+        """The whole gpt-tiny, by the unsplit model's names, on every rank."""
+        await self.gather_all()
+        owner = self.dp.rank == 0 and self.tp.rank == 0
+        pieces = []
+        for layer in self.layers:
+            if self.dp.rank == 0:
+                pieces += layer.pieces(owner)
+        return await gather_model(self.ctx.comm, self.shapes, pieces)
+
+
+@register(
+    "mesh",
+    "a device mesh: data (ZeRO), tensor/sequence and pipeline parallelism composed on gpt-tiny "
+    "(--mesh dp=D,tp=T,pp=P)",
+)
+async def train(ctx: WorkerContext) -> None:
+    comm = ctx.comm
+    model = MeshModel(ctx)
+    await model.evaluate(epoch=0.0, step=0)
+    step = 0
+    for x, y in ctx.local_batches():
+        sent_before = comm.bytes_sent
+        stats = await model.train_step(x, y, step)
+        step += 1
+        counted = stats.samples if model.stage.is_last and model.tp.rank == 0 else 0
+        sent, lr = comm.bytes_sent - sent_before, lr_of(model.optimizer)
+        memory = model.step_memory.columns()
+        ctx.log_train(step, stats, sent=sent, lr=lr, counted=counted, memory=memory)
+        ctx.die_if_killed(step)
+        if ctx.is_boundary(step):
+            await model.evaluate(epoch=ctx.progress(step), step=step)
+    state = await model.unsplit()
+    ctx.result["state_dict"] = state if comm.rank == 0 else {}
+    ctx.result.update(mesh=str(model.mesh), stage=model.pp.rank, replica=model.dp.rank)
