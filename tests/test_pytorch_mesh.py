@@ -7,8 +7,9 @@ The tolerance: float64 rounds each sum to ~1.1e-16 of its size, and a row-wise L
 partial products summed) or gloo's sum of the dp gradients adds in another order than one
 matmul, so each step leaves the parameters (LayerNorm gains of ~1 the largest) ~1e-16 apart; 30
 steps that only added such errors would stay under ~1e-14. Measured after 30 steps of SGD with
-momentum: at most 3.3e-16 (dp=2 × tp=2), Adam (which divides by √v̂) 1.9e-14. TOLERANCE, 1e-12,
-leaves room for growth through training and is ten orders below the gap a wrong plan opens."""
+momentum: at most 3.3e-16 (dp=2 × tp=2), with Adam (which divides by √v̂) ~2e-14. TOLERANCE, 1e-12,
+leaves room for growth through training and is nine orders below the gap a wrong plan opens
+(> 1e-3). dp=1 × tp=2 (Adam) and dp=2 × tp=1 alone: ``--runslow``."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ from torch import nn
 from ...config import ExperimentConfig
 from ...data import epoch_batches, shard_indices
 from ...errors import ConfigError
-from ...gpt import GPT, SelfAttention, causal_attention
+from ...gpt import GPT, HEADS, SelfAttention, causal_attention
 from ...objective import model_input
 from ...training.worker import load_for, make_optimizer
 
@@ -68,7 +68,8 @@ def train_with_pytorch_mesh(
     cfg: ExperimentConfig, dp: int, tp: int, steps: int, *, megatron_qkv: bool = True
 ) -> dict[str, torch.Tensor]:
     """gpt-tiny's whole state_dict after ``steps`` steps of ``cfg``'s training by PyTorch's TP
-    and FSDP2 on a (dp, tp) mesh; ``cfg.batch_size`` is each data-parallel replica's batch."""
+    and FSDP2 on a (dp, tp) mesh; ``cfg.batch_size`` is each data-parallel replica's batch (past
+    an epoch, the next epoch's order follows, as the lab's; ``cfg.max_steps`` is not read)."""
     _check(cfg, dp, tp, steps)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,9 +96,8 @@ def _check(cfg: ExperimentConfig, dp: int, tp: int, steps: int) -> None:
         )
     if min(dp, tp, steps) < 1:
         raise ConfigError(f"dp={dp}, tp={tp} and steps={steps} must each be at least 1")
-    heads = GPT(2, 2).heads
-    if heads % tp:
-        raise ConfigError(f"tp={tp} does not divide gpt-tiny's {heads} attention heads")
+    if HEADS % tp:
+        raise ConfigError(f"tp={tp} does not divide gpt-tiny's {HEADS} attention heads")
 
 
 class MegatronAttention(nn.Module):
