@@ -57,7 +57,7 @@ class Results:
         """What ``rank`` in ``run`` (the only run when omitted) held at the end: a pipeline
         stage's layers, say (the whole model: :meth:`model_state_dict`)."""
         run = run or self.configs[0].label
-        return self.outputs[run][rank]["state_dict"]
+        return whole_model.held(self.outputs.get(run, []), rank, run)
 
     def model_state_dict(self, run: str | None = None, replica: int = 0) -> dict[str, Any]:
         """The whole trained model of ``run``'s ``replica``, by the unsplit model's own names,

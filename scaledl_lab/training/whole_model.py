@@ -51,6 +51,11 @@ def parts(cfg: Any, outputs: Sequence[Mapping[str, Any]], replica: int = 0) -> S
 def whole(cfg: Any, outputs: Sequence[Mapping[str, Any]], replica: int, run: str) -> State:
     """Replica ``replica``'s whole model in ``run``; an error that says what is missing when
     its ranks returned none, or not all of it."""
+    if not 0 <= replica < cfg.replicas:
+        raise ValueError(
+            f"run {run!r} trains {cfg.replicas} replica(s), numbered from 0: there is no "
+            f"replica {replica}"
+        )
     joined = _union(cfg, outputs, replica)
     if not joined:
         raise ValueError(
@@ -78,6 +83,16 @@ def whole(cfg: Any, outputs: Sequence[Mapping[str, Any]], replica: int, run: str
             f"{cfg.model}'s {len(expected)}: " + "; ".join(s for s in said if s)
         )
     return _ordered(joined, expected)
+
+
+def held(outputs: Sequence[Mapping[str, Any]], rank: int, run: str) -> State:
+    """What ``rank`` returned in ``run``; an error where it kept nothing."""
+    if 0 <= rank < len(outputs) and "state_dict" in outputs[rank]:
+        return outputs[rank]["state_dict"]
+    raise ValueError(
+        f"run {run!r} kept no weights of rank {rank}: a run keeps every rank's unless "
+        "weights=False; a results folder keeps only the whole model (model_state_dict())"
+    )
 
 
 def _union(cfg: Any, outputs: Sequence[Mapping[str, Any]], replica: int) -> State:
