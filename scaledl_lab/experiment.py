@@ -212,7 +212,7 @@ def compare(
     ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
-    holds only its tables: ``state_dict``, ``weights`` and ``sharpness`` have nothing to read).
+    holds only its tables: ``model_state_dict`` and ``state_dict`` say so, ``sharpness`` fails).
 
     ``strategy``: a per-worker program of your own (``async def train(ctx)``, e.g. written in a
     notebook) that every config runs instead of its named strategy's; the config's ``strategy``
