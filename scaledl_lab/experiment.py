@@ -20,6 +20,7 @@ from .errors import ConfigError, Interrupt, RunError
 from .metrics import METRIC_COLUMNS, events_frame, is_event, to_frame
 from .strategies.launch import RowsCallback, check_data, check_program
 from .strategies.launch import execute as execute_run
+from .training import whole_model
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .training.worker import Program, steps_per_epoch_of, total_steps
 
@@ -53,20 +54,19 @@ class Results:
         )
 
     def state_dict(self, run: str | None = None, rank: int = 0) -> dict[str, Any]:
-        """Final model parameters of ``rank`` in ``run`` (the only run when omitted)."""
+        """What ``rank`` in ``run`` (the only run when omitted) held at the end: a pipeline
+        stage's layers, say (the whole model: :meth:`model_state_dict`)."""
         run = run or self.configs[0].label
-        return self.outputs[run][rank]["state_dict"]
+        return whole_model.held(self.outputs.get(run, []), rank, run)
 
     def model_state_dict(self, run: str | None = None, replica: int = 0) -> dict[str, Any]:
-        """The whole model of one replica in ``run``: the parameters of its ranks merged (each
-        pipeline stage holds its own layers; other strategies' ranks hold the whole model)."""
+        """The whole trained model of ``run``'s ``replica``, by the unsplit model's own names,
+        shapes and dtypes (``build_model(...).load_state_dict`` takes it): the parts its ranks
+        hold joined (:mod:`scaledl_lab.training.whole_model`: stages, slices, shards; where
+        workers train models of their own, replica r is worker r's). A results folder keeps
+        replica 0's. An error says what is missing."""
         run = run or self.configs[0].label
-        cfg = dict(zip(_unique_labels(self.configs), self.configs, strict=True))[run]
-        size = cfg.model_parallel_size
-        state: dict[str, Any] = {}
-        for out in self.outputs[run][replica * size : (replica + 1) * size]:
-            state.update(out["state_dict"])
-        return state
+        return whole_model.whole(self._config(run), self.outputs.get(run, []), replica, run)
 
     def plot(self, metric: str = "accuracy", x: str = "epoch", kind: str = "test", **kwargs: Any):
         from .viz import plots
@@ -113,22 +113,22 @@ class Results:
         return out
 
     def weights(self, run: str | None = None) -> dict[str, Any]:
-        """A run's final model: every rank's parameters, the lowest rank's where they overlap
-        (pipeline stages each hold a part; replicas hold the same)."""
+        """A run's final model as its ranks returned it: replica 0's parts joined, in the unsplit
+        model's order (:meth:`model_state_dict` also checks that they are the whole model)."""
         run = run or self.configs[0].label
-        merged: dict[str, Any] = {}
-        for output in reversed(self.outputs[run]):
-            merged.update(output.get("state_dict", {}))
-        return merged
+        return whole_model.parts(self._config(run), self.outputs.get(run, []))
+
+    def _config(self, run: str) -> ExperimentConfig:
+        return dict(zip(_unique_labels(self.configs), self.configs, strict=True))[run]
 
     def save_weights(self, out: str | os.PathLike[str]) -> None:
-        """weights.pt: each run's final model (what ``scaledl-lab analyse`` reads back)."""
+        """weights.pt: each run's final model (what ``scaledl-lab analyse`` and
+        :meth:`model_state_dict` read back)."""
         import torch
 
-        out = Path(out)
-        saved = {run: self.weights(run) for run in self.outputs if self.outputs[run]}
+        saved = {run: state for run in self.outputs if (state := self.weights(run))}
         if saved:
-            torch.save(saved, out / "weights.pt")
+            torch.save(saved, Path(out) / "weights.pt")
 
     def sharpness(self, runs: Sequence[str] | None = None, **options: Any) -> pd.DataFrame:
         """Sharpness and generalisation gap of each run's final model (see
@@ -212,7 +212,7 @@ def compare(
     ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
-    holds only its tables: ``state_dict``, ``weights`` and ``sharpness`` have nothing to read).
+    holds only its tables: ``model_state_dict`` and ``state_dict`` say so, ``sharpness`` fails).
 
     ``strategy``: a per-worker program of your own (``async def train(ctx)``, e.g. written in a
     notebook) that every config runs instead of its named strategy's; the config's ``strategy``
