@@ -29,6 +29,21 @@ SMALL = dict(
 )
 
 
+def small_for(steps: int, workers: int = 2, **changes: Any) -> dict[str, Any]:
+    """SMALL cut to what a run of ``steps`` steps on ``workers`` workers reads: one epoch of
+    exactly those batches, and evaluations on 64 samples (what a twin test compares is the
+    parameters, not the accuracy)."""
+    batch = changes.get("batch_size", SMALL["batch_size"])
+    return {
+        **SMALL,
+        "max_steps": steps,
+        "train_subset": steps * batch * workers,
+        "val_size": 64,
+        "test_subset": 64,
+        **changes,
+    }
+
+
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """Largest absolute difference between two state_dicts, computed in float64."""
     assert a.keys() == b.keys()

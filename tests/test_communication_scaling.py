@@ -28,7 +28,8 @@ def test_a_parameter_servers_traffic_grows_linearly_with_the_workers(strategy):
 
 @pytest.mark.parametrize("topology", ["ring", "torus"])
 def test_nearest_neighbour_traffic_per_worker_is_constant_in_n(topology):
-    sizes = {"ring": (4, 16, 64), "torus": (9, 16, 64)}[topology]
+    # Up to 16 and 25 workers: the constant is the same at 64, at twice the CPU of these sweeps.
+    sizes = {"ring": (4, 8, 16), "torus": (9, 16, 25)}[topology]
     table = traffic_sweep(BASE, [dict(strategy="nnt", topology=topology)], workers=sizes)
     assert list(table["workers"]) == list(sizes)
     assert set(table["method"]) == {f"nnt {topology}"}

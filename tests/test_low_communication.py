@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from common import SMALL, max_diff
+from common import SMALL, max_diff, small_for
 from torch import nn
 
 from scaledl_lab import ConfigError, ExperimentConfig, Results, run
@@ -32,6 +32,9 @@ from scaledl_lab.training.worker import load_for
 
 BASE = dict(SMALL, model="mlp", workers=2)
 F64 = dict(BASE, precision="float64")
+# The twins: 12 steps, two or more outer rounds at every H below (3 to 6), on the 12 x 32 x 3
+# samples three workers read, evaluations on 64.
+TWIN64 = dict(small_for(12, workers=3), model="mlp", workers=2, precision="float64")
 PLAIN_OUTER = dict(outer_optimizer="sgd", outer_lr=1.0, outer_momentum=0.0)
 
 
@@ -90,9 +93,9 @@ def test_outer_step_is_torch_sgd_on_the_same_outer_gradient(kind, lr, momentum):
 
 def test_outer_sgd_at_rate_one_is_local_sgd(client):
     """θ − 1·(1/k)Σ(θ − θ_i) = (1/k)Σθ_i: model averaging, for any H and any inner optimiser."""
-    cfg = ExperimentConfig(strategy="diloco", sync_period=3, **PLAIN_OUTER, **F64)
+    cfg = ExperimentConfig(strategy="diloco", sync_period=3, **PLAIN_OUTER, **TWIN64)
     inner = {name: getattr(cfg, name) for name in ("optimizer", "lr", "momentum", "weight_decay")}
-    local = ExperimentConfig(**{**F64, **inner, "strategy": "local-sgd", "sync_period": 3})
+    local = ExperimentConfig(**{**TWIN64, **inner, "strategy": "local-sgd", "sync_period": 3})
     for runtime, kwargs in (("sim", {}), ("dask", {"client": client})):
         ours = run(cfg.replace(runtime=runtime), progress=False, **kwargs)
         theirs = run(local.replace(runtime=runtime), progress=False, **kwargs)
@@ -108,7 +111,7 @@ def test_one_inner_step_of_plain_sgd_with_outer_sgd_at_rate_one_is_synchronous_s
         strategy="diloco",
         sync_period=1,
         **PLAIN_OUTER,
-        **{**F64, "optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0},
+        **{**TWIN64, "optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0},
     )
     twin = train_sequential(cfg, load_for(cfg))
     for runtime, kwargs in (("sim", {}), ("dask", {"client": client})):
@@ -128,7 +131,7 @@ def test_one_inner_step_of_plain_sgd_with_outer_sgd_at_rate_one_is_synchronous_s
     ],
 )  # fmt: skip
 def test_the_workers_match_the_sequential_twin(options):
-    cfg = ExperimentConfig(runtime="sim", **{**F64, **options, "workers": 3})
+    cfg = ExperimentConfig(runtime="sim", **{**TWIN64, **options, "workers": 3})
     twin = train_diloco_sequential(cfg, load_for(cfg))
     res = run(cfg, progress=False)
     for rank in range(3):

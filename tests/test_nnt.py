@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from common import SMALL, max_diff
+from common import SMALL, max_diff, small_for
 
 from scaledl_lab import ExperimentConfig, run, topology
 from scaledl_lab.analysis import best_worker, step_rates
@@ -24,7 +24,7 @@ def test_one_worker_equals_plain_training(strategy, optimizer, lr):
         workers=1,
         model="mlp",
         optimizer=optimizer,
-        **{**SMALL, "lr": lr},
+        **small_for(6, workers=1, lr=lr),
     )
     res = run(cfg, progress=False)
     plain = train_sequential(cfg, load_for(cfg))
@@ -32,7 +32,9 @@ def test_one_worker_equals_plain_training(strategy, optimizer, lr):
 
 
 def test_one_worker_on_dask_equals_plain_training(client):
-    cfg = ExperimentConfig(strategy="nnt", workers=1, model="mlp", optimizer="adam", **SMALL)
+    cfg = ExperimentConfig(
+        strategy="nnt", workers=1, model="mlp", optimizer="adam", **small_for(6, workers=1)
+    )
     res = run(cfg.replace(lr=1e-3), client=client, progress=False)
     assert max_diff(res.state_dict(), train_sequential(res.configs[0], load_for(cfg))) == 0.0
 
@@ -48,7 +50,7 @@ def test_lockstep_pair_with_plain_sgd_equals_sequential_sgd_at_twice_the_rate():
         precision="float64",
         optimizer="sgd",  # not the family's AdaGrad: the twin is plain SGD
         weight_decay=0.0,
-        **{**SMALL, "momentum": 0.0},
+        **small_for(6, momentum=0.0),
     )
     res = run(cfg, progress=False)
     twin = train_sequential(cfg.replace(lr=2 * cfg.lr), load_for(cfg))
@@ -57,7 +59,9 @@ def test_lockstep_pair_with_plain_sgd_equals_sequential_sgd_at_twice_the_rate():
 
 
 def test_lockstep_is_deterministic_and_identical_on_dask(client):
-    cfg = ExperimentConfig(strategy="nnt-lockstep", runtime="sim", workers=2, model="mlp", **SMALL)
+    cfg = ExperimentConfig(
+        strategy="nnt-lockstep", runtime="sim", workers=2, model="mlp", **small_for(6)
+    )
     a, b = run(cfg, progress=False), run(cfg, progress=False)
     pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)
     on_dask = run(cfg.replace(runtime="dask"), client=client, progress=False)
@@ -75,7 +79,7 @@ def test_lockstep_on_torus_is_deterministic():
         topology="torus:3x3",
         model="mlp",
         stragglers="spread:0.3",
-        **SMALL,
+        **small_for(6, workers=9),
     )
     a, b = run(cfg, progress=False), run(cfg, progress=False)
     pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)

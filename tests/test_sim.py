@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from common import SMALL, partial_of
+from common import SMALL, partial_of, small_for
 
 from scaledl_lab import ConfigError, ExperimentConfig, RunError, run
 from scaledl_lab.runtime.sim.cost import ComputeProfile, CostModel, NetworkProfile, Stragglers
@@ -30,7 +30,7 @@ def test_same_config_and_seed_give_bit_identical_tables():
         workers=8,
         model="mlp",
         stragglers="spread:0.3,hiccup:0.1:0.05",
-        **SMALL,
+        **small_for(6, workers=8),
     )
     a = run(cfg, progress=False)
     b = run(cfg, progress=False)
@@ -41,7 +41,7 @@ def test_same_config_and_seed_give_bit_identical_tables():
 
 @pytest.mark.parametrize("strategy", ["allreduce", "allreduce-naive"])
 def test_sim_and_dask_give_identical_parameters(client, strategy):
-    cfg = ExperimentConfig(strategy=strategy, workers=2, model="cnn", **SMALL)
+    cfg = ExperimentConfig(strategy=strategy, workers=2, model="cnn", **small_for(5))
     on_dask = run(cfg, client=client, progress=False).state_dict()
     on_sim = run(cfg.replace(runtime="sim"), progress=False).state_dict()
     assert all(torch.equal(on_dask[k], on_sim[k]) for k in on_dask)
@@ -109,8 +109,9 @@ def test_deadlock_is_reported_not_hung():
 
 def test_timeline_accounts_for_all_time():
     cfg = ExperimentConfig(
-        strategy="allreduce", runtime="sim", workers=4, model="mlp", stragglers="slow:1:3", **SMALL
-    )
+        strategy="allreduce", runtime="sim", workers=4, model="mlp", stragglers="slow:1:3",
+        **small_for(6, workers=4),
+    )  # fmt: skip
     res = run(cfg, progress=False)
     tl = res.timeline()
     assert set(tl["kind"]) == {"compute", "comm", "idle"}
@@ -129,8 +130,9 @@ def test_straggler_sets_the_pace_of_synchronous_steps():
     from scaledl_lab.studies.scaling import step_time
 
     base = ExperimentConfig(
-        strategy="allreduce", runtime="sim", workers=4, model="cnn", network="100g-ib", **SMALL
-    )
+        strategy="allreduce", runtime="sim", workers=4, model="cnn", network="100g-ib",
+        **small_for(6, workers=4),
+    )  # fmt: skip
     even = run(base, progress=False)
     slow = run(base.replace(stragglers="slow:2:4"), progress=False)
     tl = even.timeline()
@@ -225,7 +227,7 @@ def test_calibration_measures_and_saves_a_usable_profile(client, tmp_path):
         model="mlp",
         compute_profile=str(path),
         network=str(path),
-        **SMALL,
+        **small_for(4, workers=4),
     )
     frame = run(cfg, progress=False).frame
     step = compute["mlp"].step_time(32)
