@@ -310,3 +310,14 @@ def test_every_rank_keeps_rank_0s_overlap_choice(client):
     # A real run's reducer ends its trial with one mode on every rank.
     res = run(cfg.replace(max_steps=12), client=client, progress=False)
     assert len({out["overlap"] for out in res.outputs[cfg.replace(max_steps=12).label]}) == 1
+
+
+def test_an_evaluation_set_smaller_than_the_workers_is_scored_whole():
+    # 4 workers share 2 validation and 3 test samples: the ranks past the end score none.
+    cfg = ExperimentConfig(
+        strategy="allreduce", runtime="sim", workers=4, model="mlp",
+        **{**small_for(2, workers=4), "val_size": 2, "test_subset": 3},
+    )  # fmt: skip
+    frame = run(cfg, progress=False).frame
+    scored = frame[frame["kind"].isin(["val", "test"])].groupby("kind")["samples"].max()
+    assert scored.to_dict() == {"test": 3, "val": 2}

@@ -120,7 +120,8 @@ class Evaluation:
         for kind, split in (("val", self.data.val), ("test", self.data.test)):
             if len(split) == 0:
                 continue
-            idx = torch.arange(alive.index(self.rank), len(split), len(alive))
+            # every len(alive)-th sample from this rank's place: none when the split is smaller
+            idx = torch.arange(len(split))[alive.index(self.rank) :: len(alive)]
             async with self.comm.compute(len(idx) // 3):  # a forward pass is ~1/3 of a step
                 totals = self._local_eval(model, split, idx)
             if defer:
