@@ -46,6 +46,26 @@ def test_context_parallel_meshes_equal_the_sequential_twin(mesh, method, extra):
     assert _twin_diff(_config(mesh, method, **extra)) < 1e-10
 
 
+def test_the_ledger_s_activations_per_rank_fall_as_one_over_c():
+    """What the blocks save for backward: every position-wise tensor 1/C; ring attention keeps
+    Q, K, V, its output and the log-sum-exp (no S × S scores), Ulysses its H/C heads' scores."""
+
+    def activations(mesh, method):
+        cfg = _config(mesh, method, max_steps=1, precision="float32")
+        return (
+            run(cfg, progress=False, log=None)
+            .frame.query("kind == 'train'")["mem_activations"]
+            .tolist()
+        )
+
+    (whole,) = activations("cp=1", "ring")
+    for method in ("ring", "ulysses"):
+        for c in (2, 4):
+            per_rank = activations(f"cp={c}", method)
+            assert len(set(per_rank)) == 1
+            assert 0.85 < per_rank[0] * c / whole < 1.01, (method, c, per_rank[0], whole)
+
+
 async def _no_cp_average(self, flat):  # the cp ranks' losses and gradients left unsummed
     return None
 

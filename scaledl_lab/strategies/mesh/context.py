@@ -16,7 +16,10 @@ members, is in :mod:`.ring`.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,11 +119,13 @@ async def _to_positions(comm: Any, x: torch.Tensor, split: Split) -> torch.Tenso
 
 
 async def ulysses_attention(
-    comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: Split, causal: bool
-) -> tuple[torch.Tensor, dict[str, Any]]:
+    comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: Split, causal: bool,
+    counting: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> tuple[torch.Tensor, dict[str, Any]]:  # fmt: skip
     """Attention of this member's positions over the whole sequence (Ulysses): ``q``, ``k``,
     ``v`` are ``(B, H, S/C, d)``; H must divide by C. Returns the output, ``(B, H, S/C, d)``,
-    and what :func:`ulysses_backward` needs (and ``scores``, the attention scores computed)."""
+    and what :func:`ulysses_backward` needs (and ``scores``, the attention scores computed).
+    ``counting``: a ledger's count of what the local attention saves for backward."""
     if q.shape[1] % comm.world_size:
         raise ConfigError(
             f"Ulysses gives each of the {comm.world_size} context-parallel ranks H/C heads: "
@@ -129,7 +134,7 @@ async def ulysses_attention(
     qh, kh, vh = (t.detach().requires_grad_() for t in await _to_heads(comm, _qkv(q, k, v), split))
     everything = torch.arange(split.sequence, device=q.device)
     mask = causal_mask(everything, everything) if causal else None
-    with torch.enable_grad():
+    with torch.enable_grad(), counting():
         out = attention(qh, kh, vh, mask)
     mine = await _to_positions(comm, out.detach()[None], split)
     count = scores(everything, everything, causal) * qh.shape[0] * qh.shape[1]

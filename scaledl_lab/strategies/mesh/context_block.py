@@ -53,10 +53,19 @@ class Context:
         out[self.split.positions(self.cp.rank).to(part.device)] = part
         return out
 
-    async def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
-        if self.method == "ring":
-            return await ring_attention(self.cp, q, k, v, self.split, True)
-        return await ulysses_attention(self.cp, q, k, v, self.split, True)
+    async def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ledger: Any, owner: Any
+    ) -> Any:
+        """The members' attention; what it keeps for backward counted in ``ledger`` (a
+        :class:`~...training.ledger.SavedTensors`) unless ``owner`` is None (no backward)."""
+        if self.method == "ulysses":
+            count = lambda: ledger.counting(owner)  # noqa: E731
+            return await ulysses_attention(self.cp, q, k, v, self.split, True, count)
+        out, saved = await ring_attention(self.cp, q, k, v, self.split, True)
+        if owner is not None:  # Q, K, V, the output and the log-sum-exp, not the scores
+            names = ("q", "k", "v", "out", "lse")
+            saved["kept"] = [ledger.keep(saved[n]) for n in names]
+        return out, saved
 
     async def attend_backward(self, saved: Any, grad: torch.Tensor) -> Any:
         if self.method == "ring":
@@ -84,7 +93,8 @@ class ContextBlock(ParallelBlock):
                 qkv = F.linear(t["a"], self.qkv_weight, self.qkv_bias)
                 t["qkv"] = qkv.reshape(s, b, 3, self.heads, -1).permute(2, 1, 3, 0, 4)
         q, k, v = t["qkv"].detach()
-        heads, t["attention"] = await self.context.attend(q, k, v)
+        owner = self if grad else None
+        heads, t["attention"] = await self.context.attend(q, k, v, ledgers.rest, owner)
         t["heads"] = heads = heads.requires_grad_(grad)
         async with comm.compute(n, share * FORWARD / 2):
             with torch.set_grad_enabled(grad), counting():
@@ -95,6 +105,6 @@ class ContextBlock(ParallelBlock):
     ) -> None:
         async with comm.compute(n, share * BACKWARD / 2):
             run(t["p1"], grad)
-        dq, dk, dv = await self.context.attend_backward(t["attention"], t["heads"].grad)
+        dq, dk, dv = await self.context.attend_backward(t.pop("attention"), t["heads"].grad)
         async with comm.compute(n, share * BACKWARD / 2):
             run(t["qkv"], torch.stack([dq, dk, dv]))
