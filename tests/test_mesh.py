@@ -96,11 +96,6 @@ def test_ranks_lie_on_the_grid_with_the_last_name_innermost():
         (dict(mesh="dp=2", global_batch_size=9), r"global_batch_size=9 .*2 replicas"),
         (dict(mesh="dp=2,xp=1"), r"unknown dimension 'xp'; the mesh's dimensions are dp, tp, pp"),
         (dict(mesh="dp=1,dp=2"), r"mesh='dp=1,dp=2' names 'dp' twice"),
-        (
-            dict(mesh="dp=2,cp=1"),
-            r"'cp' \(context parallelism\) is not available yet: it comes "
-            r"with context parallelism",
-        ),  # fmt: skip
         (dict(mesh="ep=2"), r"'ep' \(expert parallelism\) is not available yet"),
         (dict(mesh="dp=two"), r"dp='two' must be a positive integer"),
         (dict(mesh=" "), r"mesh=' ' must name the dimensions and their sizes"),

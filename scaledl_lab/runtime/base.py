@@ -16,7 +16,10 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import RunError, WorkerKilled
+from .collectives import check_gather as check_gather
+from .collectives import check_shardable as check_shardable
 from .collectives import ring_allreduce_bytes
+from .collectives import shard_numel as shard_numel
 
 
 class _NotReady:
@@ -38,33 +41,6 @@ def tensor_bytes(value: Any) -> int:
     if isinstance(value, dict):
         return sum(tensor_bytes(v) for v in value.values())
     return 8 if isinstance(value, (int, float)) else 0
-
-
-def shard_numel(numel: int, world_size: int) -> int:
-    """Elements of each member's chunk when ``numel`` elements are sharded over ``world_size``:
-    the flat tensor is padded with zeros at its end to world_size × this (the last chunks hold
-    the padding), as FSDP and ZeRO pad their flat buffers."""
-    return -(-numel // world_size)
-
-
-def check_shardable(what: str, tensor: torch.Tensor, size: int) -> int:
-    """The chunk size of a flat ``tensor`` split over ``size`` members, or a RunError."""
-    if tensor.dim() != 1 or tensor.numel() % size:
-        raise RunError(
-            f"{what} needs a flat tensor whose size divides by the group's {size} members; got "
-            f"shape {tuple(tensor.shape)}: flatten it and pad it with zeros to "
-            f"{size * shard_numel(tensor.numel(), size)} elements (runtime.base.shard_numel)"
-        )
-    return tensor.numel() // size
-
-
-def check_gather(out: torch.Tensor, shard: torch.Tensor, size: int) -> None:
-    """A RunError unless ``out`` is flat and holds exactly ``size`` flat ``shard``-sized chunks."""
-    if shard.dim() != 1 or out.dim() != 1 or out.numel() != size * shard.numel():
-        raise RunError(
-            f"all_gather_into needs a flat out of {size} × the shard's size; got out "
-            f"{tuple(out.shape)} for shards {tuple(shard.shape)} over {size} members"
-        )
 
 
 def clone_tensors(value: Any) -> Any:
@@ -218,6 +194,16 @@ class Comm(abc.ABC):
     ) -> torch.Tensor:
         """Every member's ``shard`` concatenated into ``out`` (see all_gather_into_start)."""
         return await self.all_gather_into_start(out, shard, group).wait()
+
+    def all_to_all_start(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        """Start an all-to-all over ``group``: ``tensor``'s first dimension splits into p equal
+        chunks, the i-th for the i-th member; ``wait()`` gives a new tensor of its shape whose
+        j-th chunk came from the j-th member. Counts (p − 1)/p of its bytes as sent."""
+        raise RunError("this runtime has no all_to_all")
+
+    async def all_to_all(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        """The chunks every member sent this one (see all_to_all_start)."""
+        return await self.all_to_all_start(tensor, group).wait()
 
     @abc.abstractmethod
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:

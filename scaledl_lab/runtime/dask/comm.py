@@ -34,7 +34,13 @@ from ..base import (
     check_shardable,
     tensor_bytes,
 )
-from ..collectives import allgather_bytes, ring_allreduce_bytes, ring_reduce_scatter_bytes
+from ..collectives import (
+    all_to_all_bytes,
+    allgather_bytes,
+    check_all_to_all,
+    ring_allreduce_bytes,
+    ring_reduce_scatter_bytes,
+)
 from .p2p import P2PClient
 from .survivors import LostRanks, star_allreduce, star_broadcast
 from .work import (
@@ -219,6 +225,18 @@ class TorchComm(Comm):
         staged, staged_out = self._staged(shard), self._staged(out)
         pg = None if group is None else self.groups[group]
         work = dist.all_gather_single(staged_out, staged, group=pg, async_op=True)
+        return _Work(work, out, staged_out)
+
+    def all_to_all_start(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
+        size = self.group_size(group)
+        check_all_to_all(tensor, size)
+        self.bytes_sent += all_to_all_bytes(tensor.numel() * tensor.element_size(), size)
+        if size == 1:
+            return _Done(tensor.clone())
+        out = torch.empty_like(tensor)
+        staged, staged_out = self._staged(tensor.contiguous()), self._staged(out)
+        pg = None if group is None else self.groups[group]
+        work = dist.all_to_all_single(staged_out, staged, group=pg, async_op=True)
         return _Work(work, out, staged_out)
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:

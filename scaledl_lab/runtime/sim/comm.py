@@ -22,7 +22,12 @@ from ..base import (
     clone_tensors,
     tensor_bytes,
 )
-from ..collectives import allgather_bytes, ring_reduce_scatter_bytes
+from ..collectives import (
+    all_to_all_bytes,
+    allgather_bytes,
+    check_all_to_all,
+    ring_reduce_scatter_bytes,
+)
 from .mail import Sent, lend
 from .network import NetworkProfile
 
@@ -280,6 +285,14 @@ class SimComm(Comm):
         self.bytes_sent += allgather_bytes(shard.numel() * shard.element_size(), size)
         request = Collective(self.rank, "all_gather_into", shard, group=group, out=out)
         return _SimSharded(self, request)
+
+    def all_to_all_start(
+        self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
+    ) -> Pending:
+        size = self.group_size(group)
+        check_all_to_all(tensor, size)
+        self.bytes_sent += all_to_all_bytes(tensor.numel() * tensor.element_size(), size)
+        return _SimSharded(self, Collective(self.rank, "all_to_all", tensor, group=group))
 
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:

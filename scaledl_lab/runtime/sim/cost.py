@@ -127,6 +127,14 @@ def reduce_scatter_time(
     return steps * net.latency_s + (p - 1) * nbytes / p / net.bandwidth_Bps
 
 
+def all_to_all_time(nbytes: int, world_size: int, net: NetworkProfile) -> float:
+    """An all-to-all of ``nbytes`` from each member (its chunks of n/p, one to each member):
+    p − 1 pairwise rounds, each a latency and a chunk, (p − 1)/p · n/β in all."""
+    if (p := world_size) <= 1:
+        return 0.0
+    return (p - 1) * net.latency_s + (p - 1) * nbytes / p / net.bandwidth_Bps
+
+
 @dataclass(frozen=True)
 class Stragglers:
     """Seeded slowdowns: fixed slow ranks, a per-worker lognormal spread, random hiccups."""

@@ -33,7 +33,13 @@ from .comm import (
     WaitCall,
     WaitRecv,
 )
-from .cost import CostModel, allgather_time, allreduce_time, reduce_scatter_time
+from .cost import (
+    CostModel,
+    all_to_all_time,
+    allgather_time,
+    allreduce_time,
+    reduce_scatter_time,
+)
 from .mail import Copies, Mail
 from .servers import SimServers, _ServerState
 
@@ -274,6 +280,10 @@ class SimWorld(SimServers):
                 c.out.copy_(whole)
             results = {c.rank: c.out for c in calls}
             duration = reduce_scatter_time(nbytes * len(members), len(members), net, algorithm)
+        elif req.kind == "all_to_all":  # member i's j-th chunk becomes member j's i-th
+            chunks = [c.tensor.detach().chunk(len(calls)) for c in calls]
+            results = {c.rank: torch.cat([mine[j] for mine in chunks]) for j, c in enumerate(calls)}
+            duration = all_to_all_time(nbytes, len(members), net)
         elif req.kind == "allgather":
             gathered = [c.tensor.detach().clone() for c in calls]  # in rank order
             duration = allgather_time(nbytes, len(members), net, algorithm)

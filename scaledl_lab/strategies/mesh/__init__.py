@@ -1,8 +1,10 @@
-"""The device mesh: data (ZeRO stages 0–3), tensor/sequence and pipeline parallelism composed
-on gpt-tiny, each dimension a group of the ``Comm`` (:mod:`.grid`: the mesh and its groups;
-:mod:`.view`: one group seen as a ``Comm``; :mod:`.layers`: the ``tp`` slices; :mod:`.stage`:
-the ``pp`` schedule; :mod:`.program`: the step with ``dp``'s average or sharding;
-:mod:`.gather`: the whole model back by its unsplit names; :mod:`.checks`: its config errors)."""
+"""The device mesh: data (ZeRO stages 0–3), tensor/sequence, pipeline and context parallelism
+composed on gpt-tiny, each dimension a group of the ``Comm`` (:mod:`.grid`: the mesh and its
+groups; :mod:`.view`: one group seen as a ``Comm``; :mod:`.layers`: the ``tp`` slices;
+:mod:`.stage`: the ``pp`` schedule; :mod:`.program`: the step with ``dp``'s average or sharding;
+:mod:`.gather`: the whole model back by its unsplit names; :mod:`.checks`: its config errors;
+:mod:`.context`, :mod:`.ring`, :mod:`.context_block`: the ``cp`` dimension, Ulysses and ring
+attention over the sequence split)."""
 
 from ...families import Family, register_family
 from ..registry import described
@@ -12,7 +14,7 @@ from .options import MeshOptions
 FAMILY = register_family(
     Family(
         name="mesh",
-        summary="parallel dimensions composed on a mesh of ranks: dp (ZeRO), tp (sequence), pp",
+        summary="parallel dimensions composed on a mesh of ranks: dp (ZeRO), tp (sequence), pp, cp",
         strategies=described("mesh"),
         capabilities={"mesh": True, "mixed_precision": True},
         check=checks.check_mesh,

@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from ... import families, gpt
+from ...data.licenses import SEQUENCE
 from ...errors import ConfigError, choices
 from ..memory.checks import ELEMENTWISE_OPTIMIZERS
 from .grid import Mesh
-from .options import SCHEDULES, ZERO_STAGES
+from .options import CP_METHODS, SCHEDULES, ZERO_STAGES
 
 
 def mesh_of(cfg: Any) -> Mesh:
@@ -36,7 +37,8 @@ def placement(cfg: Any, rank: int) -> tuple[int, int]:
 
 def check_mesh(cfg: Any) -> None:
     if not families.has(cfg.strategy, "mesh"):
-        for name, default in (("mesh", None), ("zero_stage", 0), ("pipeline_schedule", "1f1b")):
+        defaults = (("mesh", None), ("zero_stage", 0), ("pipeline_schedule", "1f1b"))
+        for name, default in (*defaults, ("cp_method", "ring")):
             if getattr(cfg, name) != default:
                 raise ConfigError(
                     f"{name}={getattr(cfg, name)!r} applies only to strategy='mesh', not to "
@@ -70,6 +72,7 @@ def check_mesh(cfg: Any) -> None:
         )
     _check_tp(cfg, mesh.size("tp"))
     _check_pp(cfg, mesh.size("pp"))
+    _check_cp(cfg, mesh)
 
 
 def _check_tp(cfg: Any, tp: int) -> None:
@@ -109,4 +112,38 @@ def _check_pp(cfg: Any, pp: int) -> None:
         raise ConfigError(
             f"micro_batches={m} is not a multiple of pp={pp}: interleaved 1F1B sends "
             f"micro-batches through the chunks in groups of {pp}; choose a multiple of {pp}"
+        )
+
+
+def _check_cp(cfg: Any, mesh: Mesh) -> None:
+    """``cp`` splits gpt-tiny's sequence (ring attention: into 2C zig-zag chunks; Ulysses: C,
+    and C must divide each tp rank's heads); it composes with ``dp`` and ``tp``."""
+    if cfg.cp_method not in CP_METHODS:
+        raise ConfigError(f"cp_method={cfg.cp_method!r} must be one of {choices(CP_METHODS)}")
+    if (cp := mesh.size("cp")) == 1:
+        return
+    for what, bad in (
+        (f"pp={mesh.size('pp')}", mesh.size("pp") > 1),
+        ("sequence_parallel=True", cfg.sequence_parallel),
+        (f"zero_stage={cfg.zero_stage}", cfg.zero_stage != 0),
+    ):
+        if bad:
+            raise ConfigError(
+                f"mesh={cfg.mesh!r}: cp composes with dp and tp (zero_stage 0, no sequence "
+                f"parallelism, pp=1) so far; {what} with cp={cp} is not supported"
+            )
+    chunks = 2 * cp if cfg.cp_method == "ring" else cp
+    if SEQUENCE % chunks:
+        raise ConfigError(
+            f"mesh={cfg.mesh!r}: cp_method={cfg.cp_method!r} splits gpt-tiny's sequence of "
+            f"{SEQUENCE} into {chunks} chunks"
+            + (" (2C, the zig-zag split)" if cfg.cp_method == "ring" else "")
+            + ", which do not divide it"
+        )
+    heads = gpt.HEADS // mesh.size("tp")
+    if cfg.cp_method == "ulysses" and heads % cp:
+        raise ConfigError(
+            f"mesh={cfg.mesh!r}: Ulysses gives each cp rank H/C of its {heads} heads "
+            f"(gpt-tiny's {gpt.HEADS} over tp={mesh.size('tp')}): cp={cp} does not divide "
+            f"{heads}; use cp_method='ring'"
         )

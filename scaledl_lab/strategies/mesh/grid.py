@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from ...errors import ConfigError
 
-DIMENSIONS = ("dp", "tp", "pp")  # data (ZeRO), tensor/sequence, pipeline
-LATER = {"cp": "context parallelism", "ep": "expert parallelism"}
+DIMENSIONS = ("dp", "tp", "pp", "cp")  # data (ZeRO), tensor/sequence, pipeline, context
+LATER = {"ep": "expert parallelism"}
 
 
 @dataclass(frozen=True)

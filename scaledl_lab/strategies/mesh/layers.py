@@ -24,6 +24,7 @@ from torch import nn
 from ...gpt import GPT
 from ..model_parallel.conjugates import Exchange
 from ..model_parallel.parallel_transformer import BACKWARD, FORWARD, Ledgers, ParallelBlock
+from .context_block import Context, ContextBlock
 from .view import GroupComm
 
 Piece = tuple[str, tuple, torch.Tensor]  # (unsplit name, index into it, this rank's values)
@@ -37,6 +38,7 @@ class Dims:
     sequence_parallel: bool
     recompute: bool
     ledgers: Ledgers
+    context: Context | None = None  # cp: this rank's positions of the sequence, its group
 
     @property
     def exchange(self) -> Exchange:
@@ -65,6 +67,8 @@ class Embedding:
         x = embedded.detach()
         if dims.sequence_parallel:  # a copy: only its positions stay alive
             x = x[dims.positions(x.shape[0])].clone()
+        if dims.context is not None:  # cp: this rank's positions of the sequence
+            x = dims.context.take(x, 0)
         return x, {"out": embedded}
 
     async def backward(
@@ -72,6 +76,8 @@ class Embedding:
     ) -> None:
         if dims.sequence_parallel:
             grad = await dims.exchange.all_gather(grad)  # every rank's positions
+        if dims.context is not None:  # the other positions are other cp ranks' to send back
+            grad = dims.context.spread(grad, saved["out"].shape[0])
         async with dims.tp.compute(grad.shape[1], self.share * BACKWARD):
             Deferred.run(saved, [], weights)(saved["out"], grad)  # no input gradient
 
@@ -120,9 +126,16 @@ class Head:
 class Block:
     """Block ``index``: this rank's heads and MLP columns (:class:`ParallelBlock` over ``tp``)."""
 
-    def __init__(self, gpt: GPT, index: int, tp: GroupComm, shares: tuple[float, float]) -> None:
+    def __init__(
+        self, gpt: GPT, index: int, tp: GroupComm, shares: tuple[float, float],
+        context: Context | None = None,
+    ) -> None:  # fmt: skip
         self.unsplit = gpt.blocks[index]
-        self.module = ParallelBlock(self.unsplit, tp.rank, tp.world_size)
+        self.module = (
+            ParallelBlock(self.unsplit, tp.rank, tp.world_size)
+            if context is None
+            else ContextBlock(self.unsplit, tp.rank, tp.world_size, context)
+        )
         self.shares, self.prefix = shares, f"blocks.{index}."
         self.unit: Any = None
 
@@ -201,17 +214,21 @@ def _whole(prefix: str, module: nn.Module) -> list[Piece]:
     return [(prefix + n, (slice(None),), t.detach()) for n, t in module.state_dict().items()]
 
 
-def build(gpt: GPT, tp: GroupComm) -> list[Embedding | Block | Head]:
+def build(
+    gpt: GPT, tp: GroupComm, context: Context | None = None
+) -> list[Embedding | Block | Head]:
     """gpt-tiny's layers in order, this rank's part of each; shares of a step's compute from
-    the unsplit model's multiply-accumulates, as tensor parallelism charges them."""
+    the unsplit model's multiply-accumulates, as tensor parallelism charges them (with ``cp``,
+    of this rank's positions: 1/C of the sequence)."""
     s = gpt.sequence
+    part = 1 if context is None else context.cp.world_size
     total = sum(m.weight.numel() for m in gpt.modules() if isinstance(m, nn.Linear)) * s
     total += sum(2 * s * s * b.attn.proj.in_features for b in gpt.blocks)
     blocks = []
     for i in range(len(gpt.blocks)):
-        block = Block(gpt, i, tp, (0.0, 0.0))
+        block = Block(gpt, i, tp, (0.0, 0.0), context)
         module = block.module
-        block.shares = (module.attention_macs(s) / total, module.mlp_macs(s) / total)
+        block.shares = (module.attention_macs(s) / total / part, module.mlp_macs(s) / total / part)
         blocks.append(block)
-    head_share = s * gpt.head.out.weight.numel() / total
+    head_share = s * gpt.head.out.weight.numel() / total / part
     return [Embedding(gpt, 0.0), *blocks, Head(gpt, head_share)]

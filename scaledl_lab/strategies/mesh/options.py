@@ -1,7 +1,7 @@
-"""The mesh's options: its dimensions (``--mesh dp=2,tp=2,pp=2``), data parallelism's ZeRO
-stage and the pipeline's schedule. Micro-batches, virtual stages and sequence parallelism are
-the model-parallel family's options, recomputation the memory family's: the mesh reads them for
-its ``pp`` and ``tp`` dimensions."""
+"""The mesh's options: its dimensions (``--mesh dp=2,tp=2,pp=2,cp=2``), data parallelism's ZeRO
+stage, the pipeline's schedule and context parallelism's attention. Micro-batches, virtual
+stages and sequence parallelism are the model-parallel family's options, recomputation the
+memory family's: the mesh reads them for its ``pp`` and ``tp`` dimensions."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ...families import option
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+CP_METHODS = ("ring", "ulysses")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -18,8 +19,8 @@ class MeshOptions:
     mesh: str | None = field(
         default=None,
         metadata=option(
-            "mesh: its dimensions dp=D,tp=T,pp=P (product = workers, the last innermost)",
-            metavar="dp=D,tp=T,pp=P",
+            "mesh: its dimensions dp=D,tp=T,pp=P,cp=C (product = workers, the last innermost)",
+            metavar="dp=D,tp=T,pp=P,cp=C",
         ),
     )
     zero_stage: int = field(
@@ -28,4 +29,11 @@ class MeshOptions:
     )
     pipeline_schedule: str = field(
         default="1f1b", metadata=option("mesh: the pp dimension's schedule", choices=SCHEDULES)
+    )
+    cp_method: str = field(
+        default="ring",
+        metadata=option(
+            "mesh: the cp dimension's attention: ring (zig-zag split) or ulysses (all-to-all)",
+            choices=CP_METHODS,
+        ),
     )

@@ -27,6 +27,7 @@ from ..memory.flat import FlatUnit
 from ..model_parallel.parallel_transformer import Ledgers
 from ..registry import register
 from . import layers as mesh_layers
+from .context_block import Context
 from .gather import gather_model
 from .grid import DIMENSIONS, Mesh
 from .layers import Dims
@@ -45,12 +46,16 @@ class MeshModel:
                 comm.new_group(group)
         self.view = {n: GroupComm(comm, self.mesh.group_of(comm.rank, n)) for n in DIMENSIONS}
         self.tp, self.pp, self.dp = self.view["tp"], self.view["pp"], self.view["dp"]
+        self.cp = self.view["cp"]
         gpt = ctx.build_model()
         self.shapes = {k: v.detach() for k, v in gpt.state_dict().items()}
-        self.dims = Dims(self.tp, cfg.sequence_parallel, cfg.recompute, Ledgers())
+        self.context = (
+            Context(self.cp, gpt.sequence, cfg.cp_method) if self.cp.world_size > 1 else None
+        )
+        self.dims = Dims(self.tp, cfg.sequence_parallel, cfg.recompute, Ledgers(), self.context)
         self.zero, self.buffers = cfg.zero_stage, Peak()
         self.stage = Stage(
-            mesh_layers.build(gpt, self.tp), self.pp, self.dims,
+            mesh_layers.build(gpt, self.tp, self.context), self.pp, self.dims,
             schedule=cfg.pipeline_schedule, micro_batches=cfg.micro_batches,
             virtual=cfg.virtual_stages, hidden=gpt.embed.token.embedding_dim, dp=self.dp,
             buffers=self.buffers,
@@ -81,14 +86,21 @@ class MeshModel:
         self.dims.ledgers.new_step()
         for unit in self.units if self.zero == 1 else ():
             unit.keep_full_grads()  # backward accumulates into the flat gradient
+        if self.context is not None:  # cp: the targets of this rank's positions
+            y = self.context.take(y, 1)
         loss_sum, correct = await self.stage.train_step(
             x, y, cfg.micro_batches, cfg.batch_size, cfg.dtype
         )
         stats = torch.tensor([loss_sum, float(correct)], dtype=torch.float64)
         await self.pp.allreduce(stats)  # the last stage's loss, to every stage
+        await self._average_over_cp(stats)
         check_finite(stats[0].item(), rank=ctx.rank, epoch=ctx.plan.epoch_of(step), step=step)
         if cfg.sequence_parallel and self.tp.world_size > 1:
             await self._sum_split_regions()
+        if self.context is not None:
+            flat = flat_grad(self.params)
+            await self._average_over_cp(flat)
+            write_grads(self.params, flat)
         if self.zero:
             await self._reduce_scatter()
         elif self.dp.world_size > 1:
@@ -113,6 +125,14 @@ class MeshModel:
             for p in self.params:
                 p.grad = None
         return StepStats(stats[0].item(), int(stats[1].item()), len(y))
+
+    async def _average_over_cp(self, flat: torch.Tensor) -> None:
+        """cp: each rank's loss is the mean over its S/C positions, C times its share of the
+        sequence's mean; the sum over ``cp`` of the losses (or of the gradients of the
+        weights, whole on every rank) divided by C is the whole sequence's."""
+        if self.context is not None:
+            await self.cp.allreduce(flat)
+            flat /= self.cp.world_size
 
     async def _sum_split_regions(self) -> None:
         """Sequence parallelism: each ``tp`` rank saw its positions only, so the LayerNorms'
@@ -185,12 +205,17 @@ class MeshModel:
                         out, _ = await stage.forward(chunk, inp, grad=False)
                         if chunk.is_last:
                             y = split.y[start : start + n].to(ctx.device)
+                            y = y if self.context is None else self.context.take(y, 1)
                             loss += summed_loss(out, y).item()
                             hits += correct_count(out, y)
                             n_all += n
                         else:
                             await comm.send(out.contiguous(), chunk.next)
-                if stage.is_last and self.tp.rank == 0 and n_all:
+                if self.context is not None:
+                    scores = torch.tensor([loss, float(hits)], dtype=torch.float64)
+                    await self._average_over_cp(scores)
+                    loss, hits = scores[0].item(), scores[1].item()
+                if stage.is_last and self.tp.rank == 0 and self.cp.rank == 0 and n_all:
                     ctx.log_eval(kind, epoch, step, loss, hits, n_all)
         if self.zero == 3:
             self.free_all()
@@ -203,7 +228,7 @@ class MeshModel:
         owner = self.dp.rank == 0 and self.tp.rank == 0
         pieces = []
         for layer in self.layers:
-            if self.dp.rank == 0:
+            if self.dp.rank == 0 and self.cp.rank == 0:  # cp ranks hold the same weights
                 pieces += layer.pieces(owner)
         return await gather_model(self.ctx.comm, self.shapes, pieces)
 
@@ -222,7 +247,8 @@ async def train(ctx: WorkerContext) -> None:
         sent_before = comm.bytes_sent
         stats = await model.train_step(x, y, step)
         step += 1
-        counted = stats.samples if model.stage.is_last and model.tp.rank == 0 else 0
+        counted = model.stage.is_last and model.tp.rank == 0 and model.cp.rank == 0
+        counted = stats.samples if counted else 0
         sent, lr = comm.bytes_sent - sent_before, lr_of(model.optimizer)
         memory = model.step_memory.columns()
         ctx.log_train(step, stats, sent=sent, lr=lr, counted=counted, memory=memory)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from ...runtime.base import Comm, Group, Pending
+from ...runtime.base import Comm, Group, Incoming, Pending
 
 
 class GroupComm:
@@ -55,3 +55,16 @@ class GroupComm:
 
     async def all_gather_into(self, out: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
         return await self.comm.all_gather_into(out, shard, self.group)
+
+    def all_to_all_start(self, tensor: torch.Tensor) -> Pending:
+        return self.comm.all_to_all_start(tensor, self.group)
+
+    async def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
+        return await self.comm.all_to_all(tensor, self.group)
+
+    def isend(self, tensor: torch.Tensor, member: int) -> Pending:
+        """Send to the ``member``-th rank of the group (a ring's neighbour)."""
+        return self.comm.isend(tensor, self.group[member])
+
+    def irecv(self, tensor: torch.Tensor, member: int) -> Incoming:
+        return self.comm.irecv(tensor, self.group[member])

@@ -113,6 +113,21 @@ class ParallelBlock(nn.Module):
         heads = causal_attention(q, k, v).permute(2, 0, 1, 3).reshape(s, b, -1)
         return F.linear(heads, self.proj_weight)
 
+    async def _attention_forward(
+        self, comm: Comm, t: dict, n: int, share: float, ledgers: Ledgers, grad: bool
+    ) -> None:
+        """``t["p1"]`` from ``t["a"]``: one local graph here; context parallelism's blocks
+        (:mod:`..mesh.context_block`) put the members' exchanges inside."""
+        async with comm.compute(n, share * FORWARD):
+            with torch.set_grad_enabled(grad), ledgers.rest.counting(self if grad else None):
+                t["p1"] = self._attention(t["a"])
+
+    async def _attention_backward(
+        self, comm: Comm, t: dict, grad: torch.Tensor, n: int, share: float, run: Backward
+    ) -> None:
+        async with comm.compute(n, share * BACKWARD):
+            run(t["p1"], grad)
+
     def _mlp(self, c: torch.Tensor) -> torch.Tensor:
         return F.linear(F.gelu(F.linear(c, self.up_weight, self.up_bias)), self.down_weight)
 
@@ -127,9 +142,7 @@ class ParallelBlock(nn.Module):
         with torch.set_grad_enabled(grad), ledgers.norms.counting(self if grad else None):
             t["h1"] = self.ln1(x)  # LayerNorm region
         t["a"] = _leaf(await ex.f(t["h1"].detach()), grad)
-        async with comm.compute(n, shares[0] * FORWARD):
-            with torch.set_grad_enabled(grad), ledgers.rest.counting(self if grad else None):
-                t["p1"] = self._attention(t["a"])
+        await self._attention_forward(comm, t, n, shares[0], ledgers, grad)
         t["s1"] = _leaf(await ex.g(t["p1"].detach()), grad)
         with torch.set_grad_enabled(grad), ledgers.norms.counting(self if grad else None):
             t["r1"] = x + t["s1"] + self.proj_bias  # LayerNorm region: residual and LN2
@@ -161,8 +174,7 @@ class ParallelBlock(nn.Module):
         run(t["h2"], await ex.f_backward(t["c"].grad))
         run(t["r1"], t["r1_leaf"].grad)  # into x, s1 and the bias
         g1 = await ex.g_backward(t["s1"].grad)
-        async with comm.compute(n, shares[0] * BACKWARD):
-            run(t["p1"], g1)
+        await self._attention_backward(comm, t, g1, n, shares[0], run)
         run(t["h1"], await ex.f_backward(t["a"].grad))
         return t["x"].grad
 
