@@ -17,6 +17,8 @@ every rank holds the whole unsplit model (:mod:`.gather`); rank 0 returns it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...objective import correct_count, model_input, summed_loss
@@ -81,6 +83,8 @@ class MeshModel:
         self.dims.ledgers.new_step()
         for unit in self.units if self.zero == 1 else ():
             unit.keep_full_grads()  # backward accumulates into the flat gradient
+        if self.tp.rank == 0:  # one row per stage and replica, as the pipelines write
+            self.stage.on_event = functools.partial(self._event, step)
         loss_sum, correct = await self.stage.train_step(
             x, y, cfg.micro_batches, cfg.batch_size, cfg.dtype
         )
@@ -113,6 +117,16 @@ class MeshModel:
             for p in self.params:
                 p.grad = None
         return StepStats(stats[0].item(), int(stats[1].item()), len(y))
+
+    def _event(self, step: int, micro_batch: int, phase: str, start: float, end: float,
+               chunk: int) -> None:  # fmt: skip
+        """One forward or backward (or zero bubble's W) of this rank's stage: a row of the
+        events table, the stage and replica being the rank's ``pp`` and ``dp`` coordinates."""
+        ctx = self.ctx
+        ctx.emit({"table": "events", "run": ctx.run_label, "rank": ctx.rank,
+                  "replica": self.dp.rank, "stage": self.pp.rank, "step": step,
+                  "micro_batch": micro_batch, "phase": phase, "start": start, "end": end,
+                  "chunk": chunk})  # fmt: skip
 
     async def _sum_split_regions(self) -> None:
         """Sequence parallelism: each ``tp`` rank saw its positions only, so the LayerNorms'
