@@ -11,8 +11,10 @@ One step: the schedule's forwards and backwards (``tp``'s collectives inside eve
 ``pp``'s messages between the stages), then with sequence parallelism the sum over ``tp`` of the
 gradients of the regions split along the sequence, then ``dp``'s average, then the optimiser on
 this rank's slices (or shards). Rows: ``kind="train"`` from every rank each step (its replica's
-loss, shared along ``pp``), val/test from the last stage's ``tp`` rank 0 of replica 0. At the end
-every rank holds the whole unsplit model (:mod:`.gather`); rank 0 returns it.
+loss, shared along ``pp``), val/test from the last stage's ``tp`` rank 0 of replica 0, and from
+``tp`` rank 0 of every stage and replica one event per forward, backward or W (the pipelines'
+events table, which the Gantt charts draw). At the end every rank holds the whole unsplit model
+(:mod:`.gather`); rank 0 returns it.
 """
 
 from __future__ import annotations
