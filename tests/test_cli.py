@@ -112,8 +112,8 @@ def test_unknown_benchmark(capsys):
     assert main(["bench", "nope"]) == 2
     assert (
         "unknown benchmark 'nope'; available: async, collectives, compression, gpu, memory, "
-        "nnt_straggler, perf_table, pipeline, ps_sync, sharpness, sim_cost, sim_fidelity, "
-        "sync_sgd, tensor_parallel" in (capsys.readouterr().err)
+        "mesh_scale, nnt_straggler, perf_table, pipeline, ps_sync, sharpness, sim_cost, "
+        "sim_fidelity, sync_sgd, tensor_parallel" in (capsys.readouterr().err)
     )
 
 

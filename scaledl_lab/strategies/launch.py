@@ -171,18 +171,20 @@ def server_rows(
 
 def check_data(cfg: ExperimentConfig) -> None:
     """Locate the data (a missing dataset fails with the fetch instructions) and check that
-    every worker gets at least one full batch."""
+    every replica (every worker, without model splits) gets at least one full batch."""
     n = len(load_for(cfg).train)
     if cfg.workers > n:
         raise ConfigError(
             f"workers={cfg.workers} exceeds the {n} training samples of "
             f"{cfg.dataset}: every worker needs a shard"
         )
-    if n // cfg.workers < cfg.batch_size:
+    shards = cfg.replicas  # the workers that split one model share its shard
+    if n // shards < cfg.batch_size:
+        who = "workers" if shards == cfg.workers else "replicas"
         raise ConfigError(
-            f"each of the {cfg.workers} workers gets {n // cfg.workers} training "
+            f"each of the {shards} {who} gets {n // shards} training "
             f"samples, fewer than batch_size={cfg.batch_size}; use a smaller "
-            "batch, fewer workers or more data"
+            f"batch, fewer {who} or more data"
         )
     check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
     check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))

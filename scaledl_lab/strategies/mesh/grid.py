@@ -11,6 +11,7 @@ of the text and the rank: every rank computes every group alike, with no communi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -85,10 +86,16 @@ class Mesh:
 
     def groups(self, name: str) -> list[tuple[int, ...]]:
         """Every group along ``name``, each once, in the order of their smallest rank."""
-        seen: dict[tuple[int, ...], None] = {}
-        for rank in range(self.world_size):
-            seen.setdefault(self.group_of(rank, name), None)
-        return list(seen)
+        return list(_groups(self, name))
 
     def __str__(self) -> str:
         return ",".join(f"{n}={s}" for n, s in zip(self.names, self.sizes, strict=True))
+
+
+@functools.cache
+def _groups(mesh: Mesh, name: str) -> tuple[tuple[int, ...], ...]:
+    """:meth:`Mesh.groups`, computed once per mesh: every rank asks for every group."""
+    seen: dict[tuple[int, ...], None] = {}
+    for rank in range(mesh.world_size):
+        seen.setdefault(mesh.group_of(rank, name), None)
+    return tuple(seen)

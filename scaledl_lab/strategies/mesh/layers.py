@@ -28,6 +28,14 @@ from .context_block import Context, ContextBlock
 from .view import GroupComm
 
 Piece = tuple[str, tuple, torch.Tensor]  # (unsplit name, index into it, this rank's values)
+# Zero bubble's split, charged as the pipeline strategy ``zb-h1`` charges it: F, B and W a
+# third of a layer's step each (B the half of BACKWARD that is not W).
+W = BACKWARD / 2
+
+
+def _b(weights: bool) -> float:
+    """The backward's share of a layer's step: all of BACKWARD, or zero bubble's B."""
+    return BACKWARD if weights else BACKWARD - W
 
 
 @dataclass
@@ -78,11 +86,12 @@ class Embedding:
             grad = await dims.exchange.all_gather(grad)  # every rank's positions
         if dims.context is not None:  # the other positions are other cp ranks' to send back
             grad = dims.context.spread(grad, saved["out"].shape[0])
-        async with dims.tp.compute(grad.shape[1], self.share * BACKWARD):
+        async with dims.tp.compute(grad.shape[1], self.share * _b(weights)):
             Deferred.run(saved, [], weights)(saved["out"], grad)  # no input gradient
 
-    def weights(self, saved: Any) -> None:
-        saved["deferred"].weights(self.module)
+    async def weights(self, dims: Dims, saved: Any) -> None:
+        async with dims.tp.compute(saved["out"].shape[1], self.share * W):
+            saved["deferred"].weights(self.module)
 
     def pieces(self, owner: bool) -> list[Piece]:
         return _whole(self.prefix, self.module) if owner else []
@@ -109,15 +118,16 @@ class Head:
         self, dims: Dims, saved: Any, grad: torch.Tensor | None, weights: bool = True
     ) -> torch.Tensor:
         z = saved["z"]
-        async with dims.tp.compute(z.shape[1], self.share * BACKWARD):
+        async with dims.tp.compute(z.shape[1], self.share * _b(weights)):
             Deferred.run(saved, [z], weights)(saved["out"], grad)  # None: "out" is the loss
         grad_in = z.grad
         if dims.sequence_parallel:  # the head is replicated: this rank's positions, no sum
             grad_in = grad_in[dims.positions(grad_in.shape[0])].contiguous()
         return grad_in
 
-    def weights(self, saved: Any) -> None:
-        saved["deferred"].weights(self.module)
+    async def weights(self, dims: Dims, saved: Any) -> None:
+        async with dims.tp.compute(saved["z"].shape[1], self.share * W):
+            saved["deferred"].weights(self.module)
 
     def pieces(self, owner: bool) -> list[Piece]:
         return _whole(self.prefix, self.module) if owner else []
@@ -158,10 +168,13 @@ class Block:
             _, saved = await self._run(dims, _leaf(saved["x"], True), grad=True)
         leaves = [saved[k] for k in ("x", "a", "s1", "r1_leaf", "c", "s2")]
         run = Deferred.run(kept, leaves, weights)
-        return await self.module.backward(dims.exchange, saved, grad, self.shares, run)
+        # zero bubble's B: a third of the step (BACKWARD's half), W the other third
+        shares = self.shares if weights else (self.shares[0] / 2, self.shares[1] / 2)
+        return await self.module.backward(dims.exchange, saved, grad, shares, run)
 
-    def weights(self, saved: Any) -> None:
-        saved["deferred"].weights(self.module)
+    async def weights(self, dims: Dims, saved: Any) -> None:
+        async with dims.tp.compute(saved["x"].shape[1], sum(self.shares) * W):
+            saved["deferred"].weights(self.module)
 
     def pieces(self, owner: bool) -> list[Piece]:
         """The tp slices of this rank (every rank has its own), and the replicated tensors

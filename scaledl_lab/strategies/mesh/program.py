@@ -11,11 +11,15 @@ One step: the schedule's forwards and backwards (``tp``'s collectives inside eve
 ``pp``'s messages between the stages), then with sequence parallelism the sum over ``tp`` of the
 gradients of the regions split along the sequence, then ``dp``'s average, then the optimiser on
 this rank's slices (or shards). Rows: ``kind="train"`` from every rank each step (its replica's
-loss, shared along ``pp``), val/test from the last stage's ``tp`` rank 0 of replica 0. At the end
-every rank holds the whole unsplit model (:mod:`.gather`); rank 0 returns it.
+loss, shared along ``pp``), val/test from the last stage's ``tp`` rank 0 of replica 0, and from
+``tp`` rank 0 of every stage and replica one event per forward, backward or W (the pipelines'
+events table, which the Gantt charts draw). At the end every rank holds the whole unsplit model
+(:mod:`.gather`); rank 0 returns it.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -88,6 +92,8 @@ class MeshModel:
             unit.keep_full_grads()  # backward accumulates into the flat gradient
         if self.context is not None:  # cp: the targets of this rank's positions
             y = self.context.take(y, 1)
+        if self.tp.rank == 0:  # one row per stage and replica, as the pipelines write
+            self.stage.on_event = functools.partial(self._event, step)
         loss_sum, correct = await self.stage.train_step(
             x, y, cfg.micro_batches, cfg.batch_size, cfg.dtype
         )
@@ -133,6 +139,16 @@ class MeshModel:
         if self.context is not None:
             await self.cp.allreduce(flat)
             flat /= self.cp.world_size
+
+    def _event(self, step: int, micro_batch: int, phase: str, start: float, end: float,
+               chunk: int) -> None:  # fmt: skip
+        """One forward or backward (or zero bubble's W) of this rank's stage: a row of the
+        events table, the stage and replica being the rank's ``pp`` and ``dp`` coordinates."""
+        ctx = self.ctx
+        ctx.emit({"table": "events", "run": ctx.run_label, "rank": ctx.rank,
+                  "replica": self.dp.rank, "stage": self.pp.rank, "step": step,
+                  "micro_batch": micro_batch, "phase": phase, "start": start, "end": end,
+                  "chunk": chunk})  # fmt: skip
 
     async def _sum_split_regions(self) -> None:
         """Sequence parallelism: each ``tp`` rank saw its positions only, so the LayerNorms'

@@ -8,12 +8,15 @@ average) is the program's (:mod:`.program`).
 gpt-tiny's layers (embedding, blocks, head) are cut into ``pp·V`` equal runs; chunk c of stage
 k is virtual stage c·pp + k, as the pipeline strategies place them. Zero bubble splits each
 layer's backward into B (the input gradients, the graphs kept) and W (the weights', later):
-:class:`.layers.Deferred`. The simulator charges a block's whole backward to B and nothing to
-W (the pipeline strategy ``zb-h1`` charges each a third of the step).
+:class:`.layers.Deferred`; the simulator charges F, B and W a third of a layer's step each, as
+the pipeline strategy ``zb-h1`` charges its chunks. Each operation's start and end go to
+``on_event`` (set on the ranks that write the events table), as the pipeline strategies log
+them: busy from its input's arrival to before its send.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,6 +53,7 @@ class Stage:
         self.pp, self.dims, self.dp, self.buffers = pp, dims, dp, buffers or Peak()
         self.hidden = hidden
         self.to_loss: Any = lambda logits: logits  # 16 bits: cast to float32, loss-scaled
+        self.on_event: Callable[[int, str, float, float, int], None] | None = None
         p, k = pp.world_size, pp.rank
         per = len(layers) // (p * virtual)
         last = p * virtual - 1
@@ -100,7 +104,7 @@ class Stage:
         """Zero bubble's W: the weight gradients of the graphs B kept."""
         for layer, s in zip(reversed(chunk.layers), reversed(saved), strict=True):
             await self._gathered(layer)
-            layer.weights(s)
+            await layer.weights(self.dims, s)
             self._free(layer)
 
     # -- one mini-batch --------------------------------------------------------------------
@@ -121,21 +125,23 @@ class Stage:
         sends: list[Pending] = []
         loss_sum, correct = 0.0, 0
         for op in self.ops:
-            phase, m = op[0], op[1]
-            chunk = self.chunks[op[2] if len(op) > 2 else 0]
+            phase, m, c = op[0], op[1], op[2] if len(op) > 2 else 0
+            chunk = self.chunks[c]
             if phase == "F":
                 inp = (
                     xs[m]
                     if chunk.is_first
                     else await inbox.take(("F", m, chunk.virtual), chunk.prev)
                 )
+                start = comm.now()  # busy from here: waiting for the input is the bubble
                 out, saved = await self.forward(chunk, inp, grad=True)
                 if chunk.is_last:
                     correct += correct_count(out, ys[m])
                     loss = loss_of(self.to_loss(out), ys[m], batch_size)
                     saved[-1]["out"] = loss  # the head's backward starts from the loss
                     loss_sum += loss.item()
-                else:
+                end = comm.now()  # before the send: a receiver may start before isend returns
+                if not chunk.is_last:
                     sends.append(comm.isend(out.detach().contiguous(), chunk.next))
                 stash[(chunk.virtual, m)] = saved
             elif phase == "B":
@@ -143,13 +149,19 @@ class Stage:
                 grad = None
                 if not chunk.is_last:
                     grad = await inbox.take(("B", m, chunk.virtual), chunk.next)
+                start = comm.now()
                 grad_in = await self.backward(chunk, saved, grad, not self.splits_backward)
+                end = comm.now()
                 if not chunk.is_first:
                     sends.append(comm.isend(grad_in.contiguous(), chunk.prev))
                 if self.splits_backward:
                     waiting_w[(chunk.virtual, m)] = saved
             else:  # "W"
+                start = comm.now()
                 await self.weights(chunk, waiting_w.pop((chunk.virtual, m)))
+                end = comm.now()
+            if self.on_event is not None:
+                self.on_event(m, phase, start, end, c)
         for pending in sends:
             await pending.wait()
         return loss_sum, correct
