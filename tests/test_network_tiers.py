@@ -223,3 +223,10 @@ def test_a_partial_node_is_fine_and_a_link_needs_both_numbers():
     assert cfg.gpus_per_node == 8  # 4 GPUs of one 8-GPU node
     with pytest.raises(ValueError, match=r"give the link between nodes both a latency and a"):
         NetworkProfile("half", 1e-6, 1e9, inter_latency_s=1e-5)
+
+
+def test_a_one_tier_network_prints_its_one_link():
+    assert repr(NETWORKS["wan"]) == (
+        "NetworkProfile(name='wan', latency_s=0.04, bandwidth_Bps=125000000.0)"
+    )
+    assert "inter_bandwidth_Bps=50000000000.0)" in repr(NETWORKS["h100-node"])

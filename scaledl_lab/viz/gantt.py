@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
 
+from .. import families
 from ..strategies.model_parallel import schedules
 
 PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
@@ -143,11 +144,21 @@ def summary_markdown(events: pd.DataFrame, outputs: dict[str, list[dict[str, Any
         rows = table[table["run"] == cfg.label]
         if rows.empty:
             continue
-        p, m = cfg.model_parallel_size, cfg.micro_batches
-        peaks = ", ".join(str(v) for v in rows.get("peak_stashed", []))
-        mib = ", ".join(f"{v / 2**20:.2f}" for v in rows.get("peak_stashed_bytes", []))
+        # the stages that ran (a mesh's pp, not its tp × pp), and the schedule they ran
+        p, m = rows["stage"].nunique(), cfg.micro_batches
+        pipeline = families.has(cfg.strategy, "pipeline")  # else a mesh's pp dimension
+        schedule = cfg.strategy if pipeline else cfg.pipeline_schedule
+        peaks = ", ".join(_or_dash(v, str) for v in rows.get("peak_stashed", []))
+        mib = ", ".join(
+            _or_dash(v, lambda b: f"{b / 2**20:.2f}") for v in rows.get("peak_stashed_bytes", [])
+        )
         lines.append(
             f"| {cfg.label} | {p} | {m} | {rows['bubble'].mean():.1%} | "
-            f"{schedules.bubble(cfg.strategy, p, m, cfg.virtual_stages):.1%} | {peaks} | {mib} |"
+            f"{schedules.bubble(schedule, p, m, cfg.virtual_stages):.1%} | {peaks} | {mib} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _or_dash(value: Any, show: Any) -> str:
+    """A stage's figure, or – where the run did not measure it."""
+    return "–" if value is None or value != value else show(value)

@@ -72,6 +72,13 @@ class NetworkProfile:
                 f"node); got latency {lat:g}, bandwidth {bw:g}"
             )
 
+    def __repr__(self) -> str:
+        """The fields that say something: a one-tier network shows its one link only."""
+        shown = ["name", "latency_s", "bandwidth_Bps"]
+        if self.inter_latency_s is not None:
+            shown += ["inter_latency_s", "inter_bandwidth_Bps"]
+        return f"NetworkProfile({', '.join(f'{k}={getattr(self, k)!r}' for k in shown)})"
+
     @property
     def tiers(self) -> int:
         """1: one link between any two workers; 2: one inside a node, one between nodes."""
