@@ -103,3 +103,15 @@ def partial_of(out: Path) -> Path:
     """The partial folder a failed run into ``out`` left beside it (``<out>.partial-<time>``)."""
     [partial] = sorted(out.parent.glob(f"{out.name}.partial-*"))
     return partial
+
+
+def assert_same_run(sim: Any, real: Any) -> None:
+    """Two runs of one config (the simulator's and real Dask workers'): the same whole model
+    and, bit for bit, the same train rows' losses and bytes."""
+    assert max_diff(sim.model_state_dict(), real.model_state_dict()) == 0.0
+    columns = ["rank", "step", "loss", "bytes_sent"]
+    frames = [
+        r.frame[r.frame.kind == "train"][columns].sort_values(["rank", "step"], ignore_index=True)
+        for r in (sim, real)
+    ]
+    assert frames[0].equals(frames[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from common import max_diff
+from common import assert_same_run, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
 from scaledl_lab.runtime.dask.cluster import connect
@@ -246,10 +246,4 @@ def test_four_dask_workers_equal_the_simulator_bit_for_bit(four_workers, mesh):
     cfg = _config(**mesh, sp=True, zero=1, max_steps=3)
     sim = run(cfg, progress=False, log=None)
     real = run(cfg.replace(runtime="dask"), client=four_workers, progress=False, log=None)
-    assert max_diff(sim.model_state_dict(), real.model_state_dict()) == 0.0
-    columns = ["rank", "step", "loss", "bytes_sent"]
-    frames = [
-        r.frame[r.frame.kind == "train"][columns].sort_values(["rank", "step"], ignore_index=True)
-        for r in (sim, real)
-    ]
-    assert frames[0].equals(frames[1])
+    assert_same_run(sim, real)

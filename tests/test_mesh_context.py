@@ -6,7 +6,7 @@ config errors come before any work; 4 real Dask workers (dp=2 × cp=2) equal the
 from __future__ import annotations
 
 import pytest
-from common import max_diff
+from common import assert_same_run, max_diff
 from test_mesh import TEXT
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
@@ -119,10 +119,4 @@ def test_four_dask_workers_equal_the_simulator_bit_for_bit():
     sim = run(cfg, progress=False, log=None)
     with connect(4, dashboard=False, log=None) as client:
         real = run(cfg.replace(runtime="dask"), client=client, progress=False, log=None)
-    assert max_diff(sim.model_state_dict(), real.model_state_dict()) == 0.0
-    columns = ["rank", "step", "loss", "bytes_sent"]
-    frames = [
-        r.frame[r.frame.kind == "train"][columns].sort_values(["rank", "step"], ignore_index=True)
-        for r in (sim, real)
-    ]
-    assert frames[0].equals(frames[1])
+    assert_same_run(sim, real)
