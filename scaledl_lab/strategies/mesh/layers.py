@@ -61,7 +61,24 @@ def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
     return t.detach().requires_grad_(grad)
 
 
-class Embedding:
+class _Replicated:
+    """A layer whole on every ``tp`` rank: zero bubble's W of its weights (the batch is the
+    second size of ``saved[BATCH]``), and its parameters, kept by one rank."""
+
+    module: nn.Module
+    share: float
+    prefix: str
+    BATCH = "out"
+
+    async def weights(self, dims: Dims, saved: Any) -> None:
+        async with dims.tp.compute(saved[self.BATCH].shape[1], self.share * W):
+            saved["deferred"].weights(self.module)
+
+    def pieces(self, owner: bool) -> list[Piece]:
+        return _whole(self.prefix, self.module) if owner else []
+
+
+class Embedding(_Replicated):
     """Token and position embeddings, replicated over ``tp``; enters the sequence split."""
 
     def __init__(self, gpt: GPT, share: float) -> None:
@@ -89,17 +106,12 @@ class Embedding:
         async with dims.tp.compute(grad.shape[1], self.share * _b(weights)):
             Deferred.run(saved, [], weights)(saved["out"], grad)  # no input gradient
 
-    async def weights(self, dims: Dims, saved: Any) -> None:
-        async with dims.tp.compute(saved["out"].shape[1], self.share * W):
-            saved["deferred"].weights(self.module)
 
-    def pieces(self, owner: bool) -> list[Piece]:
-        return _whole(self.prefix, self.module) if owner else []
-
-
-class Head:
+class Head(_Replicated):
     """The final LayerNorm and the vocabulary projection, replicated over ``tp``; leaves the
     sequence split. Its output is the logits ``(B, V, S)``; the stage makes it the loss."""
+
+    BATCH = "z"
 
     def __init__(self, gpt: GPT, share: float) -> None:
         self.module, self.share, self.prefix = copy.deepcopy(gpt.head), share, "head."
@@ -124,13 +136,6 @@ class Head:
         if dims.sequence_parallel:  # the head is replicated: this rank's positions, no sum
             grad_in = grad_in[dims.positions(grad_in.shape[0])].contiguous()
         return grad_in
-
-    async def weights(self, dims: Dims, saved: Any) -> None:
-        async with dims.tp.compute(saved["z"].shape[1], self.share * W):
-            saved["deferred"].weights(self.module)
-
-    def pieces(self, owner: bool) -> list[Piece]:
-        return _whole(self.prefix, self.module) if owner else []
 
 
 class Block:
