@@ -94,3 +94,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def client() -> Client:
     with connect(2, dashboard=False, log=None) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def four_workers() -> Client:
+    """Four Dask workers for the tests that split one model over four ranks."""
+    with connect(4, dashboard=False, log=None) as c:
+        yield c

@@ -11,7 +11,6 @@ import pytest
 from common import assert_same_run, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
-from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.strategies.mesh import program
 from scaledl_lab.strategies.mesh.gather import assemble
 from scaledl_lab.strategies.mesh.grid import Mesh
@@ -233,12 +232,6 @@ def test_a_broken_composition_fails_the_twin(monkeypatch, target, name, broken, 
 
     monkeypatch.setattr(target, name, broken)
     assert _twin_diff(_config(**mesh)) > 1e-4
-
-
-@pytest.fixture(scope="module")
-def four_workers():
-    with connect(4, dashboard=False, log=None) as client:
-        yield client
 
 
 @pytest.mark.parametrize("mesh", [dict(dp=2, tp=2, pp=1), dict(dp=1, tp=2, pp=2)])

@@ -10,7 +10,6 @@ from common import assert_same_run, max_diff
 from test_mesh import TEXT
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
-from scaledl_lab.runtime.dask.cluster import connect
 from scaledl_lab.strategies.mesh import context_block, program, ring
 from scaledl_lab.training.reference import train_sequential
 from scaledl_lab.training.worker import load_for
@@ -114,9 +113,8 @@ def test_cp_method_belongs_to_the_mesh():
         ExperimentConfig(strategy="allreduce", workers=2, cp_method="ulysses")
 
 
-def test_four_dask_workers_equal_the_simulator_bit_for_bit():
+def test_four_dask_workers_equal_the_simulator_bit_for_bit(four_workers):
     cfg = _config("dp=2,cp=2", max_steps=3)
     sim = run(cfg, progress=False, log=None)
-    with connect(4, dashboard=False, log=None) as client:
-        real = run(cfg.replace(runtime="dask"), client=client, progress=False, log=None)
+    real = run(cfg.replace(runtime="dask"), client=four_workers, progress=False, log=None)
     assert_same_run(sim, real)
