@@ -53,3 +53,19 @@ def test_the_peer_ran_the_same_rows_with_the_same_micro_batches():
     peers = study.peer().set_index("model")
     for row in TABLE.itertuples():
         assert peers.loc[row.model, "micro_batch_size"] == study.micro_batch_size(row)
+
+
+def test_the_readme_quotes_the_committed_verdict():
+    rows = study.side_by_side(TABLE, study.peer(), GPU)
+    claims = {c.key: c for c in study.verdicts(rows)}
+    readme = " ".join((study.FOLDER.parents[1] / "README.md").read_text().split())
+    ours, shipped, fitted = claims["table1"], claims["peer-shipped"], claims["peer-fitted"]
+    assert (
+        f"within {ours.figures['median_error']:.1%} of the published (median) and "
+        f"{ours.figures['worst_error']:.1%} (worst)" in readme
+    )
+    assert (
+        f"off by {shipped.figures['peer_median_error']:.1%} as it ships and by "
+        f"{fitted.figures['peer_median_error']:.1%} fitted on the same row" in readme
+    )
+    assert f"fitted on the {study.FIT_ROW} row" in readme
