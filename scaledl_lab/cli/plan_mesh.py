@@ -34,6 +34,12 @@ def add_gpu_options(plan: argparse.ArgumentParser) -> None:
         "--overlap-grad-reduce", action="store_true",
         help="with --gpu: dp's gradient reduction hidden behind the last backward",
     )  # fmt: skip
+    plan.add_argument(
+        "--search", action="store_true",
+        help="with --gpu: every mesh of --workers GPUs (dp with ZeRO, tp, pp with schedule, "
+        "micro-batch size, recomputation), the best by predicted step time",
+    )  # fmt: skip
+    plan.add_argument("--top", type=int, default=10, help="with --search: meshes shown")
 
 
 def _setup(args: argparse.Namespace) -> MeshSetup:
@@ -97,8 +103,61 @@ def lines(m: Transformer, spec: str, s: MeshSetup, p: MeshPlan, gpu, room: float
     return out
 
 
+def search_text(args: argparse.Namespace, room_gb: float | None) -> tuple[str, bool]:
+    """``--search``: the best setup of each mesh, fastest first, and the meshes none of
+    whose setups fit, with what they need."""
+    from ..strategies.memory.mesh_search import best_per_mesh, refusal, search
+
+    if args.transformer is None or getattr(args, "workers", None) is None:
+        raise ConfigError("--search needs --transformer and --workers (the GPUs to search over)")
+    if getattr(args, "mesh", None) is not None or getattr(args, "global_batch_size", None) is None:
+        raise ConfigError("--search tries every mesh: give --global-batch-size, not --mesh")
+    model, gpu = Transformer.parse(args.transformer), gpu_profile(args.gpu)
+    room = gpu.memory_bytes if room_gb is None else room_gb * GB
+    found = search(model, args.workers, args.global_batch_size, gpu, room,
+                   getattr(args, "gpus_per_node", None))  # fmt: skip
+    best = best_per_mesh(found)
+    if not best:
+        raise ConfigError(refusal(found, args.workers, gpu, room))
+    fitting = {c.dims for c in best}
+    short = {}  # the least memory of each mesh none of whose setups fits
+    for c in sorted(found, key=lambda c: c.plan.memory):
+        if c.dims not in fitting and c.dims not in short:
+            short[c.dims] = c
+    if args.json:
+        rows = [dict(rank=i + 1, **dataclasses.asdict(c.setup), **c.plan.as_dict())
+                for i, c in enumerate(best)]  # fmt: skip
+        misses = [dict(**dataclasses.asdict(c.setup), memory=c.plan.memory, over=c.plan.memory
+                       - room) for c in short.values()]  # fmt: skip
+        return json.dumps(dict(best=rows, do_not_fit=misses, setups=len(found)), indent=2), True
+    n_fit = sum(c.fits for c in found)
+    out = [
+        f"{len(found)} setups of {args.workers} {gpu.name} for a transformer of "
+        f"{model.parameters:,} parameters ({args.transformer}), batch {args.global_batch_size}:"
+        f" {n_fit} fit in {room / GB:.3f} GB per GPU, {len(found) - n_fit} do not",
+        f"  the fastest setup of each mesh ({len(best)} meshes fit; the first {args.top}):",
+        f"  {'rank':>4} {'dp':>5} {'tp':>3} {'pp':>4} {'schedule':>16} {'V':>2} "
+        f"{'recompute':>9} {'ZeRO':>4} {'micro':>5} {'step s':>10} {'MFU':>7} {'HFU':>7} "
+        f"{'GB':>8}",
+    ]
+    for i, c in enumerate(best[: args.top]):
+        (dp, tp, pp), s, p = c.dims, c.setup, c.plan
+        out.append(
+            f"  {i + 1:>4} {dp:>5} {tp:>3} {pp:>4} {s.schedule:>16} {s.virtual_stages:>2} "
+            f"{s.recompute:>9} {s.zero_stage:>4} {c.micro_batch_size:>5} {p.step_s:>10.3f} "
+            f"{p.mfu:>7.2%} {p.hfu:>7.2%} {p.memory / GB:>8.3f}"
+        )
+    out.append(f"  meshes none of whose setups fit ({len(short)}): the least memory of each")
+    for (dp, tp, pp), c in short.items():
+        over = (c.plan.memory - room) / GB
+        out.append(f"    dp={dp},pp={pp},tp={tp}: {c.plan.memory / GB:.3f} GB, {over:.3f} GB over")
+    return "\n".join(out), True
+
+
 def plan_text(args: argparse.Namespace, room_gb: float | None) -> tuple[str, bool]:
     """The plan as text (JSON with ``--json``) and whether it fits."""
+    if args.search:
+        return search_text(args, room_gb)
     setup = _setup(args)
     model = Transformer.parse(args.transformer)
     gpu = gpu_profile(args.gpu)
