@@ -25,6 +25,9 @@ def test_the_1t_rows_published_mesh_ranks_among_the_best_three():
     best = best_per_mesh(found)
     ranks = [i + 1 for i, c in enumerate(best) if c.dims[1:] == (8, 64)]
     assert ranks == [3]
+    for c in best[:2]:  # the two before it: TP 8, fewer stages, interleaved, selective
+        assert c.dims[1] == 8 and c.dims[2] < 64
+        assert (c.setup.schedule, c.setup.recompute) == ("interleaved-1f1b", "selective")
     assert best[2].plan.step_s / best[0].plan.step_s - 1 < 0.002
 
 
