@@ -123,6 +123,7 @@ def test_mfu_and_hfu_state_their_flops():
         (MeshSetup("tp=3", 3), None, "tp=3 does not divide the 16 attention heads"),
         (MeshSetup("pp=3", 3), None, "pp=3 × virtual stages 1 = 3 does not divide the 8 layers"),
         (MeshSetup("dp=3", 8), None, "global batch 8 is not a positive multiple of dp=3"),
+        (MeshSetup("dp=2", 8, micro_batches=0), None, "--micro-batches 0 must be a positive"),
         (MeshSetup("dp=2", 8, micro_batches=3), None, "4 sequences per replica, which "
          "--micro-batches 3 does not divide"),
         (MeshSetup("pp=4", 6, micro_batches=6, schedule="interleaved-1f1b", virtual_stages=2),
@@ -154,6 +155,8 @@ GPT = ["plan", "--transformer", "8,1024,16,512,1000", "--global-batch-size", "16
         ([*GPT, "--recompute", "selective"], "--recompute selective is planned for a "
          "transformer on GPUs"),
         ([*GPT, "--json"], "--json prints a transformer's plan on GPUs"),
+        ([*GPT, "--recompute", "full"], "a run of the lab's models recomputes whole layers "
+         "(--recompute, no value)"),
     ],
 )  # fmt: skip
 def test_the_command_refuses_what_it_cannot_plan(argv, message, capsys):

@@ -84,10 +84,11 @@ def cmd_plan(
         if args.out is not None:
             _write(Path(args.out), text + "\n")
         return 0 if fits else 1
-    if getattr(args, "recompute", None) == "selective":
+    if isinstance(getattr(args, "recompute", None), str):
         raise ConfigError(
-            "--recompute selective is planned for a transformer on GPUs (--transformer with "
-            "--gpu); a run of the lab's models recomputes whole layers (--recompute)"
+            f"--recompute {args.recompute}: --recompute selective is planned for a transformer "
+            "on GPUs (--transformer with --gpu); a run of the lab's models recomputes whole "
+            "layers (--recompute, no value)"
         )
     if args.json:
         raise ConfigError("--json prints a transformer's plan on GPUs (--transformer, --gpu)")

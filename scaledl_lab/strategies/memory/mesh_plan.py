@@ -171,7 +171,9 @@ def check(m: Transformer, setup: MeshSetup, workers: int | None) -> Mesh:
             f"{m.layers} layers"
         )
     B, micro = setup.global_batch_size, setup.micro_batches
-    if B < 1 or micro < 1 or B % dp:
+    if micro < 1:
+        raise ConfigError(f"--micro-batches {micro} must be a positive count")
+    if B < 1 or B % dp:
         raise ConfigError(
             f"global batch {B} is not a positive multiple of dp={dp} (sequences per replica)"
         )
