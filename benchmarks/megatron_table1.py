@@ -56,9 +56,12 @@ def summary(rows, claims, gpu) -> str:
         "hidden size as the README says Megatron-LM's utilisation did, so the largest models "
         f"are under-predicted most ({largest.model}: {largest.error:+.1%}). There the plan charges "
         f"the 1F1B bubble {largest.bubble_s:.1f} s and TP's allreduces {largest.tp_s:.1f} s of "
-        f"a {largest.step_s:.1f} s step. llm-analysis, fitted on the same row, predicts "
-        "nearly the same TFLOP/s for every row too, and lands closer on the large rows, where "
-        "the plan's bubble and TP time take away what the published runs did not lose.",
+        f"a {largest.step_s:.1f} s step. llm-analysis (0.2.2) charges a training step its "
+        "FLOPs alone, at its efficiency × peak over the TP × PP GPUs of a replica, times the "
+        "micro-batches (`latency_per_iter` in its analysis.py): no TP communication, no "
+        "bubble, no DP gradients, so fitted on the same row it predicts nearly the same "
+        "TFLOP/s for every row and lands closer than the plan on the large rows: what the "
+        "plan charges there for the bubble and TP, the published runs did not visibly lose.",
     ]
     return "\n".join(lines) + "\n"
 
