@@ -133,6 +133,7 @@ def test_mfu_and_hfu_state_their_flops():
         (MeshSetup("dp=2", 8, schedule="dualpipe"), None, "pipeline schedule 'dualpipe'"),
         (MeshSetup("dp=2", 8, recompute="half"), None, "recompute='half'; allowed: none"),
         (MeshSetup("dp=2", 8, zero_stage=4), None, "zero_stage=4; allowed: 0, 1, 2, 3"),
+        (MeshSetup("dp=2", 8, gpus_per_node=0), None, "--gpus-per-node 0 must be a positive"),
     ],
 )  # fmt: skip
 def test_a_setup_that_cannot_run_is_refused(setup, workers, message):

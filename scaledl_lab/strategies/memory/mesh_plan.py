@@ -188,6 +188,8 @@ def check(m: Transformer, setup: MeshSetup, workers: int | None) -> Mesh:
         )
     if setup.recompute not in RECOMPUTE:
         raise ConfigError(f"recompute={setup.recompute!r}; allowed: {', '.join(RECOMPUTE)}")
+    if setup.gpus_per_node is not None and setup.gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node {setup.gpus_per_node} must be a positive count")
     if setup.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"zero_stage={setup.zero_stage}; allowed: 0, 1, 2, 3")
     return mesh
