@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from common import benchmark_module
 
 from scaledl_lab.runtime.sim.gpus import profiles_file
 from scaledl_lab.studies import megatron_table1 as study
-from tests.common import benchmark_module
 
 TABLE = study.published()
 GPU = study.default_gpu()
