@@ -20,8 +20,11 @@ def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> N
         "plan", help="memory per worker and simulated step time of a run, without training"
     )
     for action in run._actions:  # the very options of `run` (one spelling, one meaning)
-        if action.dest not in ("help", "out"):
+        if action.dest not in ("help", "out", "recompute"):
             plan._add_action(action)
+    from .plan_mesh import add_gpu_options
+
+    add_gpu_options(plan)
     plan.add_argument(
         "--out",
         default=None,
@@ -73,6 +76,22 @@ def cmd_plan(
     room_gb = args.device_memory_gb
     if room_gb is not None and not (math.isfinite(room_gb) and room_gb > 0):
         raise ConfigError(f"--device-memory-gb {room_gb:g} must be a positive, finite number")
+    if args.gpu is not None:  # a transformer on a mesh of GPUs, analytically
+        from .plan_mesh import plan_text
+
+        text, fits = plan_text(args, room_gb)
+        print(text)
+        if args.out is not None:
+            _write(Path(args.out), text + "\n")
+        return 0 if fits else 1
+    if isinstance(getattr(args, "recompute", None), str):
+        raise ConfigError(
+            f"--recompute {args.recompute}: --recompute selective is planned for a transformer "
+            "on GPUs (--transformer with --gpu); a run of the lab's models recomputes whole "
+            "layers (--recompute, no value)"
+        )
+    if args.json:
+        raise ConfigError("--json prints a transformer's plan on GPUs (--transformer, --gpu)")
     cfg = _config(args, config_of)
     if args.transformer is not None:
         from ..strategies.memory.transformer import Transformer, plan_transformer
