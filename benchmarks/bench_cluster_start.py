@@ -48,7 +48,7 @@ def one_way(method: str, workers: int, clusters: int) -> dict:
     from scaledl_lab.runtime.dask import cluster
 
     if method == "spawn":  # Dask's default start, as before the fork server
-        cluster._start_method = lambda: "spawn"
+        cluster.start_method = lambda: "spawn"
     starts, cpu = [], 0.0
     for _ in range(clusters):
         t0 = time.perf_counter()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import ssl
 from collections.abc import Callable, Iterator
@@ -15,9 +13,9 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
-from distributed.utils import get_mp_context
 
 from ...errors import ConfigError
+from ..processes import start_method
 
 # Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
 # trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.
@@ -64,60 +62,19 @@ class LabCluster(LocalCluster):
             nanny.removeFilter(quiet)
 
 
-# A spawned worker imports torch and the lab itself before its first task: ~2.5 s of CPU per
-# worker, ~10 s for a cluster of four on two cores, paid again by every cluster a process starts
-# (each notebook, each test). Where the platform has a fork server (Linux, macOS), the workers
-# are forked from one that imported them once per process: a cluster of four started and ran a
-# task in ~0.2 s instead of ~4 s here. A forked worker has the modules as they were when the
-# server started: a process that edits the lab's code must restart to see it in its workers.
-PRELOAD = ("distributed", "torch", "scaledl_lab.runtime.dask.worker", "scaledl_lab.strategies")
-_server_started = False
-
-
-def _start_method() -> str:
-    """How workers start: from the fork server, started with the lab once per process; else
-    spawned where the platform has no fork server (Windows)."""
-    global _server_started
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "spawn"
-    if not _server_started:
-        with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-            context = get_mp_context()  # Dask sets its preload once per process: ours after it
-        context.set_forkserver_preload(list(PRELOAD))
-        # What a worker's libraries read once, as they load (OpenMP's thread count, glibc's
-        # arenas), must be in the server's environment: its children inherit it, not this one.
-        server_environ = _pre_spawn_environ()
-        before = {k: os.environ.get(k) for k in server_environ}
-        os.environ.update(server_environ)
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k)
-                else:
-                    os.environ[k] = v
-        _server_started = True
-    return "forkserver"
-
-
-def _pre_spawn_environ() -> dict[str, str]:
-    environ = dask.config.get("distributed.nanny.pre-spawn-environ")
-    return {k: str(v) for k, v in environ.items() if v is not None}
-
-
 def local_cluster(workers: int, *, dashboard: bool = True) -> LocalCluster:
     """An embedded cluster: one process and one thread per worker, dashboard on 127.0.0.1."""
     with dask.config.set(WORKER_CONFIG):
-        method = _start_method()
+        method = start_method()
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             return _local_cluster(workers, dashboard)
 
 
 def _local_cluster(workers: int, dashboard: bool) -> LocalCluster:
     return LabCluster(
-        # A forked worker starts with the fork server's environment; this process's now (data
-        # folders, network interface ...) is set in it before the worker starts.
+        # Workers fork from the lab's server (runtime/processes.py), whose environment is the
+        # one of its start: this process's now (data folders, network interface ...) is set in
+        # each worker before it starts.
         env=dict(os.environ),
         n_workers=workers,
         threads_per_worker=1,
