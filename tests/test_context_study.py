@@ -76,3 +76,25 @@ def test_the_summary_is_written_from_the_tables(tmp_path, committed):
         frame.to_csv(tmp_path / f"{name}.csv", index=False)
     report.main(["--out", str(tmp_path), "--summary"])
     assert (tmp_path / "summary.md").read_text() == (RESULTS / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("method", ["ring", "ulysses"])
+def test_the_members_outputs_in_sequence_order_are_full_attention(method):
+    split, full = study.split_against_full(method, sequence=16, members=4)
+    assert split.shape == full.shape == (1, 4, 16, 4)
+    assert (split - full).abs().max().item() < 1e-12
+
+
+def test_the_diagrams_draw_the_ring_s_order_and_the_split_s_work():
+    from matplotlib.figure import Figure
+
+    from scaledl_lab.strategies.mesh.context import Split
+    from scaledl_lab.viz.context import causal_work_diagram, ring_steps_diagram
+
+    ax = ring_steps_diagram(Split(32, 4), ax=Figure().subplots())
+    owners = [t.get_text().split("\n")[0] for t in ax.texts if t.get_text()]  # not the arrows
+    assert owners == [f"K,V of {(r - t) % 4}" for r in range(4) for t in range(4)]
+    plain = causal_work_diagram(Split(32, 4, zigzag=False), ax=Figure().subplots())
+    zigzag = causal_work_diagram(Split(32, 4), ax=Figure().subplots())
+    assert plain.get_title() == "plain split, C=4: work max/min 6.33"  # 1 + 2(C - 1) x 8/9
+    assert zigzag.get_title() == "zig-zag split, C=4: work max/min 1.00"

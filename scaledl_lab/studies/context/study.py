@@ -26,7 +26,14 @@ from ...experiment import run
 from ...runtime.sim.cost import DEVICES, ComputeProfile, CostModel, NetworkProfile
 from ...runtime.sim.network import NETWORKS
 from ...runtime.sim.scheduler import SimWorld
-from ...strategies.mesh.context import Split, scores, ulysses_attention, ulysses_backward
+from ...strategies.mesh.context import (
+    Split,
+    attention,
+    causal_mask,
+    scores,
+    ulysses_attention,
+    ulysses_backward,
+)
 from ...strategies.mesh.ring import ring_attention, ring_backward
 from ...strategies.mesh.view import GroupComm
 
@@ -83,7 +90,7 @@ def ulysses_bytes(batch: int, heads: int, sequence: int, members: int, d: int, s
     return 8 * mine * (members - 1) // members
 
 
-def _attention_run(
+def attention_run(
     method: str, sequence: int, members: int, *, zigzag: bool = True, heads: int = 8, d: int = 8,
     backward: bool = True, cost: CostModel | None = None, charge_per_score: bool = False,
 ) -> list[dict[str, float]]:  # fmt: skip
@@ -119,13 +126,35 @@ def _attention_run(
     return [found[r] for r in range(members)]
 
 
+def split_against_full(
+    method: str, sequence: int, members: int, heads: int = 4, d: int = 4, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of one seeded batch (float64) over ``members`` simulated ranks, the
+    members' outputs put back in sequence order, and full attention on one process."""
+    split, found = Split(sequence, members, zigzag=method == "ring"), {}
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(3, 1, heads, sequence, d, generator=gen, dtype=torch.float64)
+    attend = ring_attention if method == "ring" else ulysses_attention
+
+    async def program(comm: Any) -> None:
+        group = GroupComm(comm, tuple(range(members)))
+        mine = (split.take(t, group.rank, 2) for t in (q, k, v))
+        found[comm.rank] = (await attend(group, *mine, split, True))[0]
+
+    SimWorld(members, CostModel(ComputeProfile("free", 0.0, 1e-30), FREE)).run([program] * members)
+    joined = torch.cat([found[r] for r in range(members)], dim=2)
+    everything = torch.arange(sequence)
+    full = attention(q, k, v, causal_mask(everything, everything))
+    return joined.index_select(2, split.order()), full
+
+
 def traffic_table(points: Sequence[tuple[int, int]] = POINTS, heads: int = 8, d: int = 8):
     """Per (S, C) and method: the bytes member 0 sent in a forward and backward of causal
     attention, the formula's, and both per 2·B·H·(S/C)·d·4 (one key/value block)."""
     rows = []
     for sequence, members in points:
         for method, formula in (("ring", ring_bytes), ("ulysses", ulysses_bytes)):
-            got = _attention_run(method, sequence, members, heads=heads, d=d)
+            got = attention_run(method, sequence, members, heads=heads, d=d)
             sent, block = [r["bytes_sent"] for r in got], 2 * heads * (sequence // members) * d
             predicted = formula(1, heads, sequence, members, d, BYTES)
             rows.append({"method": method, "sequence": sequence, "cp": members,
@@ -141,7 +170,7 @@ def work_table(points: Sequence[tuple[int, int]] = POINTS, heads: int = 8, d: in
     rows = []
     for sequence, members in points:
         for zigzag in (True, False):
-            got = _attention_run("ring", sequence, members, zigzag=zigzag, heads=heads, d=d,
+            got = attention_run("ring", sequence, members, zigzag=zigzag, heads=heads, d=d,
                                  backward=False)  # fmt: skip
             counted = [int(r["scores"]) for r in got]
             for rank, n in enumerate(counted):
@@ -180,7 +209,7 @@ def overlap_table(
         sequence = n * members
 
         def timed(link: NetworkProfile, sequence: int = sequence) -> float:
-            got = _attention_run("ring", sequence, members, heads=heads, d=d, backward=False,
+            got = attention_run("ring", sequence, members, heads=heads, d=d, backward=False,
                                  cost=CostModel(compute, link), charge_per_score=True)  # fmt: skip
             return max(r["forward_s"] for r in got)
 
