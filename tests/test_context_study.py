@@ -23,7 +23,11 @@ def test_the_committed_study_renders_from_its_csvs_and_supports_every_claim(comm
     text = (RESULTS / "summary.md").read_text()
     assert text[text.index("## Verdicts") :] == "\n".join(report.verdict_section(committed)) + "\n"
     claims = report.verdicts(committed)
-    assert [c.key for c in claims] == ["ring-memory", "ring-overlap", "ulysses-volume", "zigzag"]
+    keys = ["ring-memory", "ring-overlap", "ring-overlap-backward", "ulysses-volume", "zigzag"]
+    assert [c.key for c in claims] == keys
+    # the lab's backward sends each block's gradients after its attention: exposed
+    backward = claims.pop(2)
+    assert backward.verdict == "not supported" and backward.figures["worst_exposed_where_hidden"]
     assert all(c.supported for c in claims), [c.reason for c in claims]
     overlap = committed["overlap"]
     assert overlap["hidden_by_rule"].any() and not overlap["hidden_by_rule"].all()
@@ -62,6 +66,8 @@ def test_each_verdict_turns_when_its_rule_fails(committed):
     serial = committed["overlap"].assign(measured_s=lambda t: t["serial_s"])  # no overlap
     serial["exposed"] = serial["measured_s"] / serial["free_s"] - 1
     assert report.overlap_claim(serial).verdict == "not supported"
+    hidden = committed["overlap"].assign(backward_exposed=0.0)  # a backward that overlapped
+    assert report.backward_overlap_claim(hidden).verdict == "supported"
     traffic = committed["traffic"].copy()
     ring = traffic["method"] == "ring"
     traffic.loc[ring, "bytes_sent"] = traffic.loc[ring, "bytes_sent"].iloc[0]  # ring constant

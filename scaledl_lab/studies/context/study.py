@@ -199,29 +199,34 @@ def overlap_table(
     links: Sequence[NetworkProfile] = LINKS, heads: int = 1, d: int = 128,
 ) -> pd.DataFrame:  # fmt: skip
     """Per S/C and link: ring attention's forward timed on the simulator on the link and on a
-    free one; the off-diagonal block's compute and transfer (:func:`block_costs`), and the
+    free one; the off-diagonal block's compute and transfer (:func:`step_costs`), and the
     forward's time if the transfers overlap the blocks (each of the C − 1 steps that send takes
-    the longer of its block and the transfer: :func:`step_costs`) and if none did (serial: the
-    blocks, then the transfers)."""
+    the longer of its block and the transfer) and if none did (serial: the blocks, then the
+    transfers). The backward timed too, on the link and on the free one (``backward_*``): it
+    sends each block's key/value gradients on after the block's attention."""
     compute = ComputeProfile(f"{DEVICE}:attention", 0.0, 4 * d / DEVICES[DEVICE])
     rows = []
     for n in per_member:
         sequence = n * members
 
-        def timed(link: NetworkProfile, sequence: int = sequence) -> float:
-            got = attention_run("ring", sequence, members, heads=heads, d=d, backward=False,
-                                 cost=CostModel(compute, link), charge_per_score=True)  # fmt: skip
-            return max(r["forward_s"] for r in got)
+        def timed(link: NetworkProfile, sequence: int = sequence) -> tuple[float, float]:
+            got = attention_run("ring", sequence, members, heads=heads, d=d,
+                                cost=CostModel(compute, link), charge_per_score=True)  # fmt: skip
+            forward = max(r["forward_s"] for r in got)
+            return forward, max(r["step_s"] for r in got) - forward
 
-        free = timed(FREE)
+        free, free_back = timed(FREE)
         for link in links:
             xs, t = step_costs(n, members, link, heads, d)
             x = min(xs[:-1])  # the smallest block that has a transfer to hide
+            measured, back = timed(link)
             rows.append({"per_member": n, "sequence": sequence, "cp": members, "link": link.name,
                          "compute_block_s": x, "transfer_block_s": t, "hidden_by_rule": x >= t,
-                         "free_s": free, "measured_s": timed(link),
+                         "free_s": free, "measured_s": measured,
                          "overlapped_s": sum(max(c, t) for c in xs[:-1]) + xs[-1],
-                         "serial_s": sum(xs) + (members - 1) * t})  # fmt: skip
+                         "serial_s": sum(xs) + (members - 1) * t,
+                         "backward_free_s": free_back, "backward_measured_s": back})  # fmt: skip
     table = pd.DataFrame(rows)
     table["exposed"] = table["measured_s"] / table["free_s"] - 1
+    table["backward_exposed"] = table["backward_measured_s"] / table["backward_free_s"] - 1
     return table
