@@ -60,9 +60,9 @@ def test_the_formulas_follow_the_recorded_bytes_beyond_the_study_s_points():
 
 
 def test_each_verdict_turns_when_its_rule_fails(committed):
-    memory = committed["memory"].copy()
-    memory.loc[memory["method"] == "ring", "activations_times_c"] = 1.5  # 1.5/C, not 1/C
-    assert report.memory_claim(memory).verdict == "not supported"
+    wide = committed["memory"].copy()
+    wide.loc[wide["method"] == "ring", "activations_times_c"] = 1.5  # 1.5/C, not 1/C
+    assert report.memory_claim(wide).verdict == "not supported"
     serial = committed["overlap"].assign(measured_s=lambda t: t["serial_s"])  # no overlap
     serial["exposed"] = serial["measured_s"] / serial["free_s"] - 1
     assert report.overlap_claim(serial).verdict == "not supported"
@@ -71,7 +71,10 @@ def test_each_verdict_turns_when_its_rule_fails(committed):
     traffic = committed["traffic"].copy()
     ring = traffic["method"] == "ring"
     traffic.loc[ring, "bytes_sent"] = traffic.loc[ring, "bytes_sent"].iloc[0]  # ring constant
-    assert report.traffic_claim(traffic).verdict == "not supported"
+    assert report.traffic_claim(traffic, committed["memory"]).verdict == "not supported"
+    assert report.traffic_claim(committed["traffic"], committed["memory"]).supported
+    memory = committed["memory"].assign(bytes_sent=lambda t: t["bytes_sent"] + 1)  # a byte off
+    assert report.traffic_claim(committed["traffic"], memory).verdict == "not supported"
     work = committed["work"].copy()
     work.loc[work["split"] == "zig-zag", "max_over_min"] = 1.5
     assert report.zigzag_claim(work).verdict == "not supported"

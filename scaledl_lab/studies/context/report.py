@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...data.licenses import SEQUENCE
+from ...runtime.collectives import ring_allreduce_bytes
 from ..verdict import Claim, mark
 from . import study
+from .plan import STATS, attention_bytes
 
 LIU = "Liu et al. 2023, Ring Attention with Blockwise Transformers (in our words)"
 JACOBS = "Jacobs et al. 2023, DeepSpeed Ulysses (in our words)"
@@ -99,10 +102,26 @@ def backward_overlap_claim(overlap: pd.DataFrame) -> Claim:
     )  # fmt: skip
 
 
-def traffic_claim(traffic: pd.DataFrame) -> Claim:
-    """Supported if the recorded bytes equal the formulas, Ulysses' stay under their limit of
-    four blocks (8·B·H·(S/C)·d bytes) at every point, and ring's grow at least as fast as C."""
+def mesh_formula(memory: pd.DataFrame) -> pd.Series:
+    """Per row of :func:`.study.memory_table`, the bytes a step of gpt-tiny on the ``cp`` mesh
+    sends by the formulas: its attention's (:func:`.plan.attention_bytes`), the weights'
+    gradients averaged over cp and the loss's (:mod:`.plan`)."""
+
+    def formula(method: str, c: int, params: int) -> int:
+        cfg = study.gpt_tiny_config(method, c)
+        average = ring_allreduce_bytes(params, c) + ring_allreduce_bytes(STATS, c)
+        return attention_bytes(cfg, SEQUENCE, study.BYTES) + average
+
+    rows = memory.itertuples()
+    return pd.Series([formula(r.method, r.cp, int(r.params)) for r in rows], index=memory.index)
+
+
+def traffic_claim(traffic: pd.DataFrame, memory: pd.DataFrame) -> Claim:
+    """Supported if the recorded bytes equal the formulas (attention alone, and gpt-tiny's
+    steps on the mesh, the metrics' ``bytes_sent``), Ulysses' stay under their limit of four
+    blocks (8·B·H·(S/C)·d bytes) at every point, and ring's grow at least as fast as C."""
     exact = bool((traffic["bytes_sent"] == traffic["formula"]).all() & traffic["ranks_alike"].all())
+    steps = bool((memory["bytes_sent"] == mesh_formula(memory)).all())
     ulysses = traffic[traffic["method"] == "ulysses"]
     ring = traffic[traffic["method"] == "ring"]
     growth = {m: t["bytes_sent"].iloc[-1] / t["bytes_sent"].iloc[0] for m, t in
@@ -115,9 +134,12 @@ def traffic_claim(traffic: pd.DataFrame) -> Claim:
         claim="Ulysses' all-to-all volume per rank stays constant when the sequence and C grow "
         "together, while ring attention's does not",
         source=JACOBS, in_our_words=True,
-        verdict=mark(exact and bounded and growth["ring"] >= c_growth),
+        verdict=mark(exact and steps and bounded and growth["ring"] >= c_growth),
         reason=f"bytes one rank sent in a forward and backward at (S, C) = {points}, "
-        f"equal to the formulas on every rank: {exact}; Ulysses "
+        f"equal to the formulas on every rank: {exact}, and gpt-tiny's steps on the mesh at "
+        f"cp = {', '.join(map(str, sorted(set(memory['cp']))))} (the metrics' bytes_sent: "
+        f"attention, the gradients' and the loss's average over cp) equal to them: {steps}; "
+        "Ulysses "
         + ", ".join(f"{v:.2f}" for v in ulysses["per_block"])
         + " key/value blocks (under 4, (C-1)/C of it), x"
         f"{growth['ulysses']:.2f} over the points; ring "
@@ -155,7 +177,8 @@ def zigzag_claim(work: pd.DataFrame) -> Claim:
 
 def verdicts(tables: dict[str, pd.DataFrame]) -> list[Claim]:
     return [memory_claim(tables["memory"]), overlap_claim(tables["overlap"]),
-            backward_overlap_claim(tables["overlap"]), traffic_claim(tables["traffic"]),
+            backward_overlap_claim(tables["overlap"]),
+            traffic_claim(tables["traffic"], tables["memory"]),
             zigzag_claim(tables["work"])]  # fmt: skip
 
 
@@ -186,9 +209,10 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
     lines = ["# Context parallelism's claims", "",
              "Measured on the simulator by ``python -m scaledl_lab.studies.context.report`` "
              "(:mod:`scaledl_lab.studies.context`). Bytes, float32.", "",
-             "## Memory per rank: gpt-tiny, batch 8, one step (`memory.csv`)", "",
+             "## Memory and bytes per rank: gpt-tiny, batch 8, one step (`memory.csv`)", "",
              *_table(tables["memory"][["method", "cp", "params", "activations",
-                                       "activations_times_c"]]), "",
+                                       "activations_times_c", "bytes_sent"]]
+                     .assign(formula_bytes=mesh_formula(tables["memory"]))), "",
              f"## Ring attention's forward and backward, C = 4, compute at {study.DEVICE}'s "
              "rate (`overlap.csv`, seconds)", "", *_table(overlap), "",
              "## Bytes per rank, one forward and backward, B = 1, H = 8, d = 8 (`traffic.csv`)",

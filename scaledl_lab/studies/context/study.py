@@ -52,21 +52,24 @@ FREE = NetworkProfile("free", 0.0, 1e18)
 BYTES = 4  # float32
 
 
-def _config(method: str, cp: int, **extra: Any) -> ExperimentConfig:
+def gpt_tiny_config(method: str, cp: int, **extra: Any) -> ExperimentConfig:
+    """gpt-tiny on a ``cp=C`` mesh of the study (:data:`GPT_TINY`)."""
     return ExperimentConfig(**{**GPT_TINY, **extra}, mesh=f"cp={cp}", workers=cp, cp_method=method)
 
 
 def memory_table(cps: Sequence[int] = (1, 2, 4), methods: Sequence[str] = METHODS) -> pd.DataFrame:
     """One row per method and C: rank 0's ledger after a step of gpt-tiny (bytes), and each
-    part against the unsplit mesh's times C (1 where it falls as 1/C, C where it does not)."""
+    part against the unsplit mesh's times C (1 where it falls as 1/C, C where it does not);
+    the bytes it sent in the step (the metrics' ``bytes_sent``)."""
     rows = []
     for method in methods:
         for cp in cps:
-            train = run(_config(method, cp), progress=False, log=None).frame
+            train = run(gpt_tiny_config(method, cp), progress=False, log=None).frame
             last = train[(train["kind"] == "train") & (train["rank"] == 0)].iloc[-1]
             rows.append({"method": method, "cp": cp, "params": last.mem_params,
                          "grads": last.mem_grads, "optim": last.mem_optim,
-                         "activations": last.mem_activations})  # fmt: skip
+                         "activations": last.mem_activations,
+                         "bytes_sent": last.bytes_sent})  # fmt: skip
     table = pd.DataFrame(rows)
     for part in ("params", "grads", "optim", "activations"):
         whole = table.groupby("method")[part].transform(lambda s: s.iloc[0])
