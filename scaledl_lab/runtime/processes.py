@@ -3,12 +3,13 @@ imported torch and the lab once, with this process's environment of the moment.
 
 A spawned process imports torch and the lab itself before it does anything: ~2.5 s of CPU each,
 paid again by every Dask worker of every cluster a process starts (each notebook, each test),
-every rank of the PyTorch references and every process of a side-by-side pool. Where the
-platform has a fork server (Linux, macOS) they fork from one preloaded with those modules: a
+every rank of the PyTorch references and every process of a side-by-side pool. On Linux they
+fork from a server preloaded with those modules (multiprocessing's fork server): a
 Dask cluster of four started and ran a task in ~0.2 s instead of ~4 s
 (``benchmarks/bench_cluster_start.py``). A forked process has the modules as they were when the
 server started: a process that edits the lab's code must restart to see it in its children.
-Where there is no fork server (Windows) they spawn, as before.
+Elsewhere they spawn, as before: Windows has no fork server, and on macOS a process forked after
+the system's frameworks loaded may crash in them (Python's reason for spawning there).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +28,10 @@ _server_started = False
 
 
 def start_method() -> str:
-    """How children start: from the fork server, started here with the lab's modules once per
-    process; by spawning where the platform has none."""
+    """How children start: on Linux from the fork server, started here with the lab's modules
+    once per process; elsewhere by spawning."""
     global _server_started
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    if not sys.platform.startswith("linux"):  # macOS forbids much of what a fork inherits
         return "spawn"
     if not _server_started:
         from distributed.utils import get_mp_context
