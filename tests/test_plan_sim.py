@@ -140,6 +140,8 @@ def test_the_command_prints_each_ranks_plan_and_its_json(capsys, tmp_path):
     assert main([*MESH_ARGS, "--device-memory-gb", "1"]) == 0
     text = capsys.readouterr().out
     assert "a dry run on zeros" in text and "in 1 GB per worker: fits" in text
+    # a line per stage: the ranks of one stage hold and send the same
+    assert [line.split()[-1] for line in text.splitlines()[2:4]] == ["0,2", "1,3"]
     assert main([*MESH_ARGS, "--device-memory-gb", "1e-6"]) == 1
     assert "does not fit" in capsys.readouterr().out
 

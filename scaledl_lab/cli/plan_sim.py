@@ -53,15 +53,17 @@ def _text(cfg: ExperimentConfig, plans: list[RankPlan], room_gb: float | None,
     lines = [f"{cfg.strategy}{mesh}, {cfg.workers} workers, {cfg.model} on {cfg.dataset}, "
              f"batch {cfg.batch_size}, {cfg.optimizer}, {cfg.precision}; "
              f"sim: {cfg.compute_profile}, {cfg.network}{nodes} (a dry run on zeros)",
-             "  rank " + "".join(f"{label:>13s}" for _, label in COLUMNS)
-             + f"{'total':>13s}{'step ms':>11s}{'bytes sent':>12s}"]  # fmt: skip
+             "  " + "".join(f"{label:>13s}" for _, label in COLUMNS)
+             + f"{'total':>13s}{'step ms':>11s}{'bytes sent':>12s}  ranks"]  # fmt: skip
+    alike: dict[str, list[int]] = {}  # the ranks whose numbers read the same, on one line
     for p in plans:
         cells = "".join(
             f"{'-':>13s}" if math.isnan(p.memory[k]) else f"{p.memory[k] / 1e6:10.3f} MB"
             for k, _ in COLUMNS
         )
-        lines.append(f"  {p.rank:4d} {cells}{total(p) / 1e6:10.3f} MB"
-                     f"{p.step_s * 1e3:11.4f}{p.bytes_per_step:12,d}")  # fmt: skip
+        line = f"  {cells}{total(p) / 1e6:10.3f} MB{p.step_s * 1e3:11.4f}{p.bytes_per_step:12,d}"
+        alike.setdefault(line, []).append(p.rank)
+    lines += [f"{line}  {','.join(map(str, ranks))}" for line, ranks in alike.items()]
     if any(math.isnan(v) for p in plans for v in p.memory.values()):
         lines.append(f"  -: the {cfg.strategy} run records no such column")
     if room_gb is not None:
