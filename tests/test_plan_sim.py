@@ -159,3 +159,14 @@ def test_the_command_prints_each_ranks_plan_and_its_json(capsys, tmp_path):
 def test_the_command_refuses_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 1
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_dry_run_reads_no_data_file(tmp_path):
+    """Batches of zeros of the dataset's sample shape: an empty data folder is enough."""
+    cfg = ExperimentConfig(
+        strategy="gpipe", model="cnn", dataset="fashion-mnist", workers=2, stages=2,
+        micro_batches=2, batch_size=16, data_dir=str(tmp_path),
+    )  # fmt: skip
+    plans = sim_plan(cfg)
+    assert plans[0].step_s > 0 and plans[0].bytes_per_step > 0
+    assert not list(tmp_path.iterdir())
