@@ -91,9 +91,23 @@ def cmd_plan(
             "on GPUs (--transformer with --gpu); a run of the lab's models recomputes whole "
             "layers (--recompute, no value)"
         )
-    if args.json:
-        raise ConfigError("--json prints a transformer's plan on GPUs (--transformer, --gpu)")
+    from ..strategies.sim_plan import PLANNED as DRY_RUN
+
+    dry_run = args.transformer is None and getattr(args, "strategy", None) in DRY_RUN
+    if args.json and not dry_run:
+        raise ConfigError(
+            "--json prints a transformer's plan on GPUs (--transformer, --gpu) or a dry run's "
+            f"({', '.join(DRY_RUN)})"
+        )
     cfg = _config(args, config_of)
+    if dry_run:  # gpt-tiny split over ranks: each rank's ledger and step, from a dry run
+        from .plan_sim import plan_text as dry_run_text
+
+        text, written, dry_fits = dry_run_text(cfg, args, room_gb)
+        print(text)
+        if args.out is not None:
+            _write(Path(args.out), written + "\n")
+        return 1 if dry_fits is False else 0
     if args.transformer is not None:
         from ..strategies.memory.transformer import Transformer, plan_transformer
 

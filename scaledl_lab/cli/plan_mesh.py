@@ -29,7 +29,11 @@ def add_gpu_options(plan: argparse.ArgumentParser) -> None:
         help="plan --transformer on a mesh of these GPUs (--mesh, --global-batch-size, "
         "--micro-batches): memory per GPU, step time, MFU and HFU, analytically",
     )  # fmt: skip
-    plan.add_argument("--json", action="store_true", help="with --gpu: print the plan as JSON")
+    plan.add_argument(
+        "--json",
+        action="store_true",
+        help="with --gpu, or a dry run (--strategy mesh, ...): print the plan as JSON",
+    )
     plan.add_argument(
         "--overlap-grad-reduce", action="store_true",
         help="with --gpu: dp's gradient reduction hidden behind the last backward",

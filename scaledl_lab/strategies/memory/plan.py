@@ -48,7 +48,12 @@ class Plan:
 def plan(cfg: ExperimentConfig) -> Plan:
     """Predict ``cfg``'s ledger and simulated step (the per-worker batch, no stragglers)."""
     if cfg.strategy not in PLANNED:
-        raise ConfigError(f"plan predicts {', '.join(PLANNED)}; not strategy={cfg.strategy!r}")
+        from ..sim_plan import PLANNED as DRY_RUN
+
+        raise ConfigError(
+            f"plan predicts {', '.join(PLANNED)} (and by a dry run on the simulator: "
+            f"{', '.join(DRY_RUN)}); not strategy={cfg.strategy!r}"
+        )
     shape = sample_shape(cfg.dataset)
     model = build_model(cfg.model, shape, num_classes(cfg.dataset), seed=cfg.seed).to(cfg.dtype)
     precision = Precision.of(cfg)  # 16 bits: the logits cast to float32, as a run's
