@@ -8,7 +8,6 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..config import ExperimentConfig
 from ..contract import TEXT_DATASETS
@@ -104,6 +103,8 @@ def cmd_plan(
         from .plan_sim import plan_text as dry_run_text
 
         text, written, dry_fits = dry_run_text(cfg, args, room_gb)
+        if not args.json:
+            text += _cp_split(cfg)
         print(text)
         if args.out is not None:
             _write(Path(args.out), written + "\n")
@@ -114,9 +115,6 @@ def cmd_plan(
         model = Transformer.parse(args.transformer)
         p = plan_transformer(cfg, model)
         what = f"a transformer of {model.parameters:,} parameters ({args.transformer})"
-    elif cfg.strategy == "mesh":
-        p, extra = _plan_mesh(cfg)
-        what = f"{cfg.model} on {cfg.dataset}, mesh {cfg.mesh}"
     else:
         p = plan(cfg)
         what = f"{cfg.model} on {cfg.dataset}"
@@ -134,8 +132,6 @@ def cmd_plan(
     nodes = "" if cfg.gpus_per_node is None else f", {cfg.gpus_per_node} GPUs per node"
     step = f"{p.step_s * 1e3:.3f} ms, {p.bytes_per_step:,} bytes sent per worker"
     lines.append(f"  step (sim: {cfg.compute_profile}, {cfg.network}{nodes}): {step}")
-    if cfg.strategy == "mesh" and args.transformer is None:
-        lines += extra
     fits = None if room_gb is None else total <= room_gb * 1e9
     if room_gb is not None:
         over = f"does not fit: {(total - room_gb * 1e9) / 1e9:.3f} GB over"
@@ -155,17 +151,21 @@ def cmd_plan(
     return 1 if fits is False else 0
 
 
-def _plan_mesh(cfg: ExperimentConfig) -> tuple[Any, list[str]]:
-    """A mesh of dp and cp (:mod:`scaledl_lab.studies.context.plan`): its plan, and the lines
-    that split its bytes into the attention's and the weights' average's."""
+def _cp_split(cfg: ExperimentConfig) -> str:
+    """For a mesh of dp and cp: the line that splits a rank's bytes into the attention's, the
+    gradients' average's and the loss's (:mod:`scaledl_lab.studies.context.plan`); else ""."""
+    from ..strategies.mesh.grid import Mesh
     from ..studies.context.plan import plan_context
 
+    mesh = Mesh.parse(cfg.mesh)
+    if mesh.size("cp") == 1 or mesh.size("tp") > 1 or mesh.size("pp") > 1 or cfg.zero_stage:
+        return ""
     p = plan_context(cfg)
     loss = p.plan.bytes_per_step - p.attention_bytes - p.gradient_bytes
-    return p.plan, [
-        f"    of which cp's attention ({cfg.cp_method}): {p.attention_bytes:,}, the gradients' "
+    return (
+        f"\n  of which cp's attention ({cfg.cp_method}): {p.attention_bytes:,}, the gradients' "
         f"average over cp and dp: {p.gradient_bytes:,}, the loss's over cp: {loss:,}"
-    ]
+    )
 
 
 def _write(path: Path, text: str) -> None:
