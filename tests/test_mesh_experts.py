@@ -12,6 +12,8 @@ import pytest
 from common import assert_same_run, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
+from scaledl_lab.data import num_classes
+from scaledl_lab.models import build_model
 from scaledl_lab.moe import capacity
 from scaledl_lab.runtime.collectives import all_to_all_bytes
 from scaledl_lab.strategies.mesh import experts
@@ -81,6 +83,20 @@ def test_all_to_all_bytes_equal_the_formula():
     expected = 2 * 4 * all_to_all_bytes(buffers, 4)  # 2 layers
     assert set(train["bytes_all_to_all"]) == {expected}
     assert (train["bytes_sent"] > train["bytes_all_to_all"]).all()  # the gradients' allreduces
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_each_rank_holds_its_share_of_the_experts(ep):
+    """The ledger's parameters per rank (float64) = the count a plan makes: the non-expert
+    weights whole, 1/ep of every block's experts."""
+    cfg = _mesh(f"ep={ep}", max_steps=1)
+    held = _train(run(cfg, progress=False, log=None))["mem_params"]
+    model = build_model("gpt-tiny-moe", (32,), num_classes("licenses"), seed=0)
+    assert set(held) == {8 * experts.held_parameters(model, ep)}
+    expert = 2 * (64 * 256 + 256 + 256 * 64 + 64)  # h -> 4h -> h, in each of 2 blocks
+    assert experts.held_parameters(model, 1) - experts.held_parameters(model, ep) == (
+        expert * 4 * (ep - 1) // ep
+    )
 
 
 async def _no_combine(self, out):  # each rank keeps its experts' outputs of others' tokens

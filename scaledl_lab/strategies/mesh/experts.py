@@ -146,6 +146,14 @@ class ExpertBlock:
         return out
 
 
+def held_parameters(model: nn.Module, ep: int) -> int:
+    """The parameters one ``ep`` rank of gpt-tiny-moe holds (a plan's count, the ledger's
+    ``mem_params`` over the element size): every non-expert weight, 1/ep of the experts."""
+    experts = sum(p.numel() for m in model.modules() if isinstance(m, MoE)
+                  for p in m.experts.parameters())  # fmt: skip
+    return sum(p.numel() for p in model.parameters()) - experts + experts // ep
+
+
 def _shares(gpt: nn.Module) -> tuple[float, float, float]:
     """A step's compute per block outside the experts and in them, and the head's, from the
     multiply-accumulates of one sequence (the experts: every place of their buffers)."""
