@@ -130,6 +130,7 @@ def test_a_broken_composition_fails_the_twin(monkeypatch, name, broken):
         ("cp=2,ep=2", {}, r"so far; cp=2 is not supported"),
         ("dp=2,ep=2", dict(zero_stage=1), r"so far; zero_stage=1 is not supported"),
         ("ep=2", dict(micro_batches=2), r"so far; micro_batches=2 is not supported"),
+        ("ep=2", dict(sequence_parallel=True), r"so far; sequence_parallel=True is not supported"),
         ("ep=2", dict(model="mlp", dataset="fashion-mnist"), r"model='mlp' has none"),
     ],
 )  # fmt: skip

@@ -184,3 +184,26 @@ def test_the_load_balancing_loss_evens_the_experts_load():
 def test_config_errors_before_any_work(fields, message):
     with pytest.raises(ConfigError, match=message):
         ExperimentConfig(**{**TEXT, "workers": 2, **fields})
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(experts=0), r"experts=0 must be at least 1"),
+        (dict(top_k=3), r"top_k=3 must be 1 or 2, at most experts=4"),
+        (dict(experts=1, top_k=2), r"top_k=2 must be 1 or 2, at most experts=1"),
+        (dict(capacity_factor=0.0), r"capacity_factor must be positive and aux_loss_weight not"),
+        (dict(aux_loss_weight=-1.0), r"capacity_factor must be positive and aux_loss_weight not"),
+    ],
+)
+def test_a_mixture_built_by_hand_refuses_bad_settings(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Settings(**fields)
+
+
+def test_a_model_routes_with_new_settings_but_keeps_its_experts():
+    model = MoEGPT(10, 8)
+    model.configure(Settings(top_k=2, capacity_factor=3.0))
+    assert {m.settings.top_k for m in model.mixtures()} == {2}
+    with pytest.raises(ValueError, match=r"the model has 4 experts, not Settings\(experts=8"):
+        model.configure(Settings(experts=8))
