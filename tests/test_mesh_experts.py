@@ -51,7 +51,8 @@ def _train(res):
 @pytest.mark.parametrize(
     "mesh, fields, drops",
     [("ep=2", ROOMY, False), ("ep=2", TIGHT, True), ("ep=4", ROOMY, False),
-     ("ep=4", dict(TIGHT, top_k=1, experts=8), True), ("dp=2,ep=2", TIGHT, True)],
+     ("ep=4", dict(TIGHT, top_k=1, experts=8), True), ("dp=2,ep=2", TIGHT, True),
+     ("dp=2", TIGHT, True)],
 )  # fmt: skip
 def test_expert_parallel_equals_the_unsplit_mixture_trained_data_parallel(mesh, fields, drops):
     cfg = _mesh(mesh, **fields)
