@@ -67,6 +67,19 @@ def parse_log(path: Path) -> tuple[pd.DataFrame, float | None, str]:
     return frame, wall, counts
 
 
+def parse_table(path: Path) -> tuple[pd.DataFrame, float | None, str]:
+    """A ``NAME.csv`` this script wrote, with the wall time of ``NAME.time.txt`` beside it (the
+    ``/usr/bin/time -f "wall %e user %U sys %S"`` line of that run) and the counts of its
+    ``NAME.counts.txt``, where they were kept."""
+    frame = pd.read_csv(path)
+    timing = path.with_suffix(".time.txt")
+    wall = None
+    if timing.is_file() and (m := re.search(r"wall ([\d.]+)", timing.read_text())):
+        wall = float(m[1])
+    counts = path.with_suffix(".counts.txt")
+    return frame, wall, counts.read_text().strip() if counts.is_file() else "?"
+
+
 class _Collector:
     """A pytest plugin that records, per collected test, what it waits on."""
 
@@ -155,20 +168,25 @@ def report(runs: dict[str, tuple[pd.DataFrame, float | None, str]], top: int = 2
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("logs", nargs="+", type=Path, help="pytest logs, NAME=PATH or PATH")
+    parser.add_argument(
+        "logs", nargs="+", type=Path, help="pytest logs (or tables written before), NAME=PATH"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "suite-durations")
     parser.add_argument("--paths", nargs="+", default=["tests"], help="what to collect")
     args = parser.parse_args(argv)
     kinds = collect_kinds(args.paths)
     runs = {}
-    for spec in args.logs:
+    for spec in args.logs:  # NAME=LOG, or NAME=TABLE.csv for a run measured before
         name, _, path = str(spec).rpartition("=")
         path = Path(path)
-        frame, wall, counts = parse_log(path)
-        if frame.empty:
-            print(f"suite_durations: error: {path} has no --durations table", file=sys.stderr)
-            return 1
-        frame["kind"] = classify(frame, kinds)
+        if path.suffix == ".csv":  # a table this script wrote before: its log is gone
+            frame, wall, counts = parse_table(path)
+        else:
+            frame, wall, counts = parse_log(path)
+            if frame.empty:
+                print(f"suite_durations: error: {path} has no --durations table", file=sys.stderr)
+                return 1
+            frame["kind"] = classify(frame, kinds)
         runs[name or path.stem] = (frame, wall, counts)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, (frame, _, _) in runs.items():

@@ -111,9 +111,9 @@ def test_bench_passes_its_options_to_the_named_script(capfd):
 def test_unknown_benchmark(capsys):
     assert main(["bench", "nope"]) == 2
     assert (
-        "unknown benchmark 'nope'; available: async, collectives, compression, gpu, memory, "
-        "mesh_scale, nnt_straggler, perf_table, pipeline, ps_sync, sharpness, sim_cost, "
-        "sim_fidelity, sync_sgd, tensor_parallel" in (capsys.readouterr().err)
+        "unknown benchmark 'nope'; available: async, cluster_start, collectives, compression, "
+        "gpu, memory, mesh_scale, nnt_straggler, perf_table, pipeline, ps_sync, sharpness, "
+        "sim_cost, sim_fidelity, sync_sgd, tensor_parallel" in (capsys.readouterr().err)
     )
 
 

@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..config import ExperimentConfig
 from ..contract import TEXT_DATASETS
@@ -20,8 +21,11 @@ def add_plan(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> N
         "plan", help="memory per worker and simulated step time of a run, without training"
     )
     for action in run._actions:  # the very options of `run` (one spelling, one meaning)
-        if action.dest not in ("help", "out"):
+        if action.dest not in ("help", "out", "recompute"):
             plan._add_action(action)
+    from .plan_mesh import add_gpu_options
+
+    add_gpu_options(plan)
     plan.add_argument(
         "--out",
         default=None,
@@ -73,6 +77,22 @@ def cmd_plan(
     room_gb = args.device_memory_gb
     if room_gb is not None and not (math.isfinite(room_gb) and room_gb > 0):
         raise ConfigError(f"--device-memory-gb {room_gb:g} must be a positive, finite number")
+    if args.gpu is not None:  # a transformer on a mesh of GPUs, analytically
+        from .plan_mesh import plan_text
+
+        text, fits = plan_text(args, room_gb)
+        print(text)
+        if args.out is not None:
+            _write(Path(args.out), text + "\n")
+        return 0 if fits else 1
+    if isinstance(getattr(args, "recompute", None), str):
+        raise ConfigError(
+            f"--recompute {args.recompute}: --recompute selective is planned for a transformer "
+            "on GPUs (--transformer with --gpu); a run of the lab's models recomputes whole "
+            "layers (--recompute, no value)"
+        )
+    if args.json:
+        raise ConfigError("--json prints a transformer's plan on GPUs (--transformer, --gpu)")
     cfg = _config(args, config_of)
     if args.transformer is not None:
         from ..strategies.memory.transformer import Transformer, plan_transformer
@@ -80,6 +100,9 @@ def cmd_plan(
         model = Transformer.parse(args.transformer)
         p = plan_transformer(cfg, model)
         what = f"a transformer of {model.parameters:,} parameters ({args.transformer})"
+    elif cfg.strategy == "mesh":
+        p, extra = _plan_mesh(cfg)
+        what = f"{cfg.model} on {cfg.dataset}, mesh {cfg.mesh}"
     else:
         p = plan(cfg)
         what = f"{cfg.model} on {cfg.dataset}"
@@ -97,6 +120,8 @@ def cmd_plan(
     nodes = "" if cfg.gpus_per_node is None else f", {cfg.gpus_per_node} GPUs per node"
     step = f"{p.step_s * 1e3:.3f} ms, {p.bytes_per_step:,} bytes sent per worker"
     lines.append(f"  step (sim: {cfg.compute_profile}, {cfg.network}{nodes}): {step}")
+    if cfg.strategy == "mesh" and args.transformer is None:
+        lines += extra
     fits = None if room_gb is None else total <= room_gb * 1e9
     if room_gb is not None:
         over = f"does not fit: {(total - room_gb * 1e9) / 1e9:.3f} GB over"
@@ -114,6 +139,19 @@ def cmd_plan(
         _write(Path(args.out), text + "\n")
         print(f"plan written to {args.out}")
     return 1 if fits is False else 0
+
+
+def _plan_mesh(cfg: ExperimentConfig) -> tuple[Any, list[str]]:
+    """A mesh of dp and cp (:mod:`scaledl_lab.studies.context.plan`): its plan, and the lines
+    that split its bytes into the attention's and the weights' average's."""
+    from ..studies.context.plan import plan_context
+
+    p = plan_context(cfg)
+    loss = p.plan.bytes_per_step - p.attention_bytes - p.gradient_bytes
+    return p.plan, [
+        f"    of which cp's attention ({cfg.cp_method}): {p.attention_bytes:,}, the gradients' "
+        f"average over cp and dp: {p.gradient_bytes:,}, the loss's over cp: {loss:,}"
+    ]
 
 
 def _write(path: Path, text: str) -> None:

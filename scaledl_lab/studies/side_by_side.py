@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..experiment import Results, compare
 from ..runtime.memory import hand_back_memory
+from ..runtime.processes import set_environ, start_method
 from ..training import plan
 from ..viz.plots import method_of
 
@@ -78,7 +79,12 @@ def _simulated(configs: list[Any], jobs: int, scratch: Path) -> list[pd.DataFram
     waiting = sorted(range(len(configs)), key=lambda i: -costs[i])
     parts = {i: scratch / str(i) for i in waiting}
     running: dict[Future, int] = {}
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        jobs,
+        mp_context=get_context(start_method()),
+        initializer=set_environ,
+        initargs=(dict(os.environ),),
+    ) as pool:
         while waiting or running:
             i = None
             if len(running) < jobs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 
 from ...errors import ConfigError
+from ..processes import start_method
 
 # Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
 # trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.
@@ -63,11 +65,17 @@ class LabCluster(LocalCluster):
 def local_cluster(workers: int, *, dashboard: bool = True) -> LocalCluster:
     """An embedded cluster: one process and one thread per worker, dashboard on 127.0.0.1."""
     with dask.config.set(WORKER_CONFIG):
-        return _local_cluster(workers, dashboard)
+        method = start_method()
+        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+            return _local_cluster(workers, dashboard)
 
 
 def _local_cluster(workers: int, dashboard: bool) -> LocalCluster:
     return LabCluster(
+        # Workers fork from the lab's server (runtime/processes.py), whose environment is the
+        # one of its start: this process's now (data folders, network interface ...) is set in
+        # each worker before it starts.
+        env=dict(os.environ),
         n_workers=workers,
         threads_per_worker=1,
         processes=True,

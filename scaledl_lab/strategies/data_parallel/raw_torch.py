@@ -20,13 +20,13 @@ from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from ...config import ExperimentConfig
 from ...data.sharding import epoch_batches, shard_indices
 from ...errors import ConfigError
 from ...models import build_model
+from ...runtime.processes import run_processes
 from ...training.worker import load_for, total_steps
 
 
@@ -105,12 +105,7 @@ def run_raw(cfg: ExperimentConfig, client: Any = None) -> dict[str, Any]:
         return _on_dask(cfg, client)
     with tempfile.TemporaryDirectory() as out:
         # Each process loads the data itself, as a Dask worker does: only the config travels.
-        mp.start_processes(
-            _spawned,
-            args=(cfg.workers, _free_address(), cfg, out),
-            nprocs=cfg.workers,
-            start_method="spawn",
-        )
+        run_processes(_spawned, (cfg.workers, _free_address(), cfg, out), cfg.workers)
         return torch.load(Path(out) / "rank0.pt", weights_only=True)
 
 

@@ -2,7 +2,7 @@
 ``torch.distributed.optim.ZeroRedundancyOptimizer`` (gradients averaged by an allreduce, each
 rank stepping the whole parameters it owns, then broadcasting them) and stage 3 as FSDP2's
 ``torch.distributed.fsdp.fully_shard`` on every layer and the root. Each runs on a gloo group
-of ``cfg.workers`` spawned CPU processes, one thread each, with the lab's data order, initial
+of ``cfg.workers`` CPU processes, one thread each, with the lab's data order, initial
 weights and optimiser (:func:`train_with_pytorch`).
 
 With ``precision="bfloat16"`` FSDP2 runs its own mixed precision (``MixedPrecisionPolicy``:
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ...config import ExperimentConfig
 from ...errors import ConfigError
 from ...objective import model_input
+from ...runtime.processes import run_processes
 from ...training.ledger import nbytes
 from ...training.precision import is_low
 from ...training.reference import worker_batches
@@ -63,9 +64,7 @@ def run_pytorch(cfg: ExperimentConfig, kind: str) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        torch.multiprocessing.spawn(
-            _rank, args=(cfg, kind, port, tmp), nprocs=cfg.workers, join=True
-        )
+        run_processes(_rank, (cfg, kind, port, tmp), cfg.workers)
         return torch.load(Path(tmp) / "rank0.pt", weights_only=True)
 
 

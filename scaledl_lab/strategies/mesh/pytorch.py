@@ -16,7 +16,7 @@ as torchtitan's ``view(…, -1, head_dim)`` does, so no head count is rewritten 
 trained rows go back to gpt-tiny's order. ``megatron_qkv=False`` splits the rows as they lie
 and reads them as gpt-tiny does: it runs, and trains something else (the tests notice).
 
-Each of the dp·tp ranks is a spawned gloo CPU process with one thread, rank ``d·tp + t`` at
+Each of the dp·tp ranks is a gloo CPU process of its own with one thread, rank ``d·tp + t`` at
 (dp ``d``, tp ``t``), as ``init_device_mesh`` lays them out (the last dimension innermost, as
 the lab's ``--mesh``). Every tp rank of data-parallel replica ``d`` trains replica ``d``'s
 batches in the lab's data order (its shard of the training set, shuffled per epoch, as
@@ -58,6 +58,7 @@ from ...data import epoch_batches, shard_indices
 from ...errors import ConfigError
 from ...gpt import GPT, HEADS, SelfAttention, causal_attention
 from ...objective import model_input
+from ...runtime.processes import run_processes
 from ...training.worker import load_for, make_optimizer
 
 PRECISIONS = ("float32", "float64")
@@ -76,7 +77,7 @@ def train_with_pytorch_mesh(
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         args = (cfg, dp, tp, steps, megatron_qkv, port, tmp)
-        torch.multiprocessing.spawn(_rank, args=args, nprocs=dp * tp, join=True)
+        run_processes(_rank, args, dp * tp)
         return torch.load(Path(tmp) / "rank0.pt", weights_only=True)
 
 
