@@ -143,9 +143,19 @@ def cmd_plan(
 
 def _plan_mesh(cfg: ExperimentConfig) -> tuple[Any, list[str]]:
     """A mesh of dp and cp (:mod:`scaledl_lab.studies.context.plan`): its plan, and the lines
-    that split its bytes into the attention's and the weights' average's."""
+    that split its bytes into the attention's and the weights' average's; gpt-tiny-moe on dp
+    and ep (:mod:`scaledl_lab.studies.moe.plan`): the parameters a rank holds and the bytes of
+    the all-to-alls and of the gradients."""
     from ..studies.context.plan import plan_context
 
+    if cfg.model == "gpt-tiny-moe":  # dp × ep
+        from ..studies.moe.plan import plan_experts
+
+        e = plan_experts(cfg)
+        return e.plan, [
+            f"    holding {e.held_parameters:,} parameters (1/ep of the experts); of which the "
+            f"all-to-alls: {e.all_to_all_bytes:,}, the gradients' reductions: {e.gradient_bytes:,}"
+        ]
     p = plan_context(cfg)
     loss = p.plan.bytes_per_step - p.attention_bytes - p.gradient_bytes
     return p.plan, [
