@@ -34,6 +34,13 @@ Every run records one row per worker per step or evaluation. Columns:
   scale S that step's backward multiplied the gradients by, and 1 where the step's update was
   skipped because a gradient overflowed (dynamic scaling halves S then), else 0
   (:mod:`scaledl_lab.training.precision`); NaN in every other run.
+- ``moe_dropped``, ``moe_load_max``, ``moe_aux_loss``: train rows of gpt-tiny-moe runs
+  (:mod:`scaledl_lab.moe`), that step's share of the routed token-expert assignments dropped
+  over capacity, the busiest expert's routed load over the mean load (mean over the MoE
+  layers; 1 is even), and the load-balancing loss E·Σ f·P (mean over the layers).
+- ``bytes_all_to_all``: train rows of mesh runs with ``ep`` > 1, the bytes of that step's
+  all-to-alls that dispatch tokens to the experts' ranks and combine them back (forward and
+  backward), a part of ``bytes_sent``.
 
 Columns a row has no value for are NaN.
 """
@@ -52,7 +59,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "loss", "accuracy", "samples", "bytes_sent", "staleness", "lr", "bytes_received",
     "value", "calls", "effective_batch_size", "bytes_uncompressed",
     "mem_params", "mem_grads", "mem_optim", "mem_activations", "mem_buffers",
-    "loss_scale", "skipped",
+    "loss_scale", "skipped", "moe_dropped", "moe_load_max", "moe_aux_loss", "bytes_all_to_all",
 )  # fmt: skip
 
 # The events table (pipelines): one row per forward ("F"), backward ("B") or weight gradient
@@ -91,6 +98,10 @@ class Row:
     mem_buffers: float = NAN
     loss_scale: float = NAN
     skipped: float = NAN
+    moe_dropped: float = NAN
+    moe_load_max: float = NAN
+    moe_aux_loss: float = NAN
+    bytes_all_to_all: float = NAN
 
 
 def record(

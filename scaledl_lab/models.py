@@ -1,5 +1,5 @@
-"""The networks of the lab: MLP, Keras-style MNIST CNN, MNIST-1D ConvBase, pre-activation ResNet-18
-and gpt-tiny (:mod:`.gpt`).
+"""The networks of the lab: MLP, Keras-style MNIST CNN, MNIST-1D ConvBase, pre-activation ResNet-18,
+gpt-tiny (:mod:`.gpt`) and gpt-tiny-moe, its mixture of experts (:mod:`.moe`).
 
 ResNet-18 v2 follows He et al. 2016, "Identity Mappings in Deep Residual Networks", in its
 CIFAR form, the model of Viviani et al. 2019 ("Deep Learning at Scale", PDP 2019).
@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from .gpt import GPT
+from .moe import MoEGPT
 
-MODELS: tuple[str, ...] = ("mlp", "cnn", "cnn1d", "resnet18", "gpt-tiny")
+MODELS: tuple[str, ...] = ("mlp", "cnn", "cnn1d", "resnet18", "gpt-tiny", "gpt-tiny-moe")
 # Which models accept which datasets' sample shapes (images vs 1-D signals).
 MODEL_DATASETS: dict[str, tuple[str, ...]] = {
     "mlp": ("fashion-mnist", "mnist1d", "cifar10"),
@@ -23,6 +24,7 @@ MODEL_DATASETS: dict[str, tuple[str, ...]] = {
     "cnn1d": ("mnist1d",),
     "resnet18": ("fashion-mnist", "cifar10"),
     "gpt-tiny": ("licenses",),
+    "gpt-tiny-moe": ("licenses",),
 }
 
 # Smallest image side for the 2-D convolutional nets: keeps every stage of ResNet-18 (three
@@ -159,9 +161,9 @@ def model_compatible(name: str, input_shape: Sequence[int]) -> str | None:
     shape = tuple(int(d) for d in input_shape)
     if not shape or any(d < 1 for d in shape):
         return f"input_shape must be non-empty with positive sizes, got {shape}"
-    if name == "gpt-tiny":
+    if name in ("gpt-tiny", "gpt-tiny-moe"):
         if len(shape) != 1:
-            return f"gpt-tiny needs (S,) token sequences, got input_shape {shape}"
+            return f"{name} needs (S,) token sequences, got input_shape {shape}"
     elif name == "cnn1d":
         if len(shape) != 2:
             return f"cnn1d needs (C, L) inputs, got input_shape {shape}"
@@ -184,6 +186,8 @@ def _construct(name: str, shape: tuple[int, ...], num_classes: int) -> nn.Module
         return CNN1D(*shape, num_classes)
     if name == "gpt-tiny":
         return GPT(num_classes, shape[0])  # the classes are the vocabulary
+    if name == "gpt-tiny-moe":  # its default mixture; the config's: families.prepare_model
+        return MoEGPT(num_classes, shape[0])
     return PreActResNet(shape[0], num_classes)
 
 

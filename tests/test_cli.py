@@ -54,7 +54,7 @@ def test_list_names_every_strategy_with_its_description(capsys):
     assert len(set(listed.values())) == len(listed)  # no two strategies share one line
     assert family_lines == [
         "data_parallel", "parameter_server", "decentralised", "model_parallel", "memory",
-        "low_communication", "mesh", "compression", "large_batch",
+        "low_communication", "mesh", "compression", "large_batch", "moe",
     ]  # fmt: skip
     assert "runtimes: dask, sim" in lines
     assert "datasets: fashion-mnist, mnist1d, cifar10, licenses" in lines
@@ -67,7 +67,7 @@ def test_list_names_every_strategy_with_its_description(capsys):
     assert "--nnt-max-lead" in flags["decentralised"]
     assert "--no-error-feedback" in flags["compression"]
     assert "data_parallel" not in flags  # no options of its own
-    assert "models: mlp, cnn, cnn1d, resnet18, gpt-tiny" in lines
+    assert "models: mlp, cnn, cnn1d, resnet18, gpt-tiny, gpt-tiny-moe" in lines
 
 
 def test_data_info_says_where_each_dataset_is_or_how_to_get_it(tmp_path, monkeypatch, capsys):

@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "errors": 0, "contract": 0, "families": 0,
     # the shared foundations at the root, and the data sources
     "config": 1, "models": 1, "params": 1, "topology": 1, "metrics": 1, "environment": 1,
-    "data": 1, "gpt": 1, "objective": 1, "folders": 1,
+    "data": 1, "gpt": 1, "moe": 1, "objective": 1, "folders": 1,
     # the communication interface (base.py), what both runtimes share (memory.py) and the two
     # runtimes, peers (PEERS): the simulator with its cost model; Dask with its cluster. The
     # interface imports neither runtime (test_the_comm_interface_imports_neither_runtime).

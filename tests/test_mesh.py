@@ -95,7 +95,7 @@ def test_ranks_lie_on_the_grid_with_the_last_name_innermost():
         (dict(mesh="dp=2", global_batch_size=9), r"global_batch_size=9 .*2 replicas"),
         (dict(mesh="dp=2,xp=1"), r"unknown dimension 'xp'; the mesh's dimensions are dp, tp, pp"),
         (dict(mesh="dp=1,dp=2"), r"mesh='dp=1,dp=2' names 'dp' twice"),
-        (dict(mesh="ep=2"), r"'ep' \(expert parallelism\) is not available yet"),
+        (dict(mesh="ep=2"), r"ep=2 spreads the experts of model='gpt-tiny-moe'"),
         (dict(mesh="dp=two"), r"dp='two' must be a positive integer"),
         (dict(mesh=" "), r"mesh=' ' must name the dimensions and their sizes"),
         (dict(mesh=None), r"strategy='mesh' needs mesh=..., its dimensions"),

@@ -31,8 +31,8 @@ def test_forward_shape(name: str, shape: tuple[int, ...]) -> None:
 
 
 def test_all_models_listed() -> None:
-    # gpt-tiny reads token ids, not float samples: tests/test_gpt.py
-    assert set(MODELS) == {name for name, _ in NATURAL_INPUTS} | {"gpt-tiny"}
+    # gpt-tiny reads token ids, not float samples: tests/test_gpt.py, tests/test_moe.py
+    assert set(MODELS) == {name for name, _ in NATURAL_INPUTS} | {"gpt-tiny", "gpt-tiny-moe"}
 
 
 def test_parameter_counts_exact() -> None:

@@ -149,8 +149,8 @@ def test_the_command_prints_each_ranks_plan_and_its_json(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([*MESH_ARGS[:4], "dp=2,ep=2", *MESH_ARGS[5:]], "'ep' (expert parallelism) is not "
-         "available yet"),
+        ([*MESH_ARGS[:4], "dp=2,ep=2", *MESH_ARGS[5:]], "ep=2 spreads the experts of "
+         "model='gpt-tiny-moe'; model='gpt-tiny' has none"),
         ([*MESH_ARGS, "--precision", "float16"], "the plan cannot predict dynamic loss scaling"),
         (["plan", "--strategy", "allreduce", "--model", "mlp", "--json"], "--json prints a "
          "transformer's plan on GPUs (--transformer, --gpu) or a dry run's (mesh, "),

@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..config import ExperimentConfig
 from ..contract import TEXT_DATASETS
@@ -92,7 +93,10 @@ def cmd_plan(
         )
     from ..strategies.sim_plan import PLANNED as DRY_RUN
 
+    # gpt-tiny-moe routes by the tokens' values: planned from steps on its data, not zeros.
+    experts = getattr(args, "model", None) == "gpt-tiny-moe"
     dry_run = args.transformer is None and getattr(args, "strategy", None) in DRY_RUN
+    dry_run = dry_run and not experts
     if args.json and not dry_run:
         raise ConfigError(
             "--json prints a transformer's plan on GPUs (--transformer, --gpu) or a dry run's "
@@ -115,6 +119,9 @@ def cmd_plan(
         model = Transformer.parse(args.transformer)
         p = plan_transformer(cfg, model)
         what = f"a transformer of {model.parameters:,} parameters ({args.transformer})"
+    elif experts and cfg.strategy == "mesh":
+        p, extra = _plan_experts(cfg)
+        what = f"{cfg.model} on {cfg.dataset}, mesh {cfg.mesh}"
     else:
         p = plan(cfg)
         what = f"{cfg.model} on {cfg.dataset}"
@@ -132,6 +139,8 @@ def cmd_plan(
     nodes = "" if cfg.gpus_per_node is None else f", {cfg.gpus_per_node} GPUs per node"
     step = f"{p.step_s * 1e3:.3f} ms, {p.bytes_per_step:,} bytes sent per worker"
     lines.append(f"  step (sim: {cfg.compute_profile}, {cfg.network}{nodes}): {step}")
+    if experts and cfg.strategy == "mesh" and args.transformer is None:
+        lines += extra
     fits = None if room_gb is None else total <= room_gb * 1e9
     if room_gb is not None:
         over = f"does not fit: {(total - room_gb * 1e9) / 1e9:.3f} GB over"
@@ -166,6 +175,18 @@ def _cp_split(cfg: ExperimentConfig) -> str:
         f"\n  of which cp's attention ({cfg.cp_method}): {p.attention_bytes:,}, the gradients' "
         f"average over cp and dp: {p.gradient_bytes:,}, the loss's over cp: {loss:,}"
     )
+
+
+def _plan_experts(cfg: ExperimentConfig) -> tuple[Any, list[str]]:
+    """gpt-tiny-moe on dp and ep (:mod:`scaledl_lab.studies.moe.plan`): its plan, and the line
+    with the parameters a rank holds and the bytes of the all-to-alls and of the gradients."""
+    from ..studies.moe.plan import plan_experts
+
+    e = plan_experts(cfg)
+    return e.plan, [
+        f"    holding {e.held_parameters:,} parameters (1/ep of the experts); of which the "
+        f"all-to-alls: {e.all_to_all_bytes:,}, the gradients' reductions: {e.gradient_bytes:,}"
+    ]
 
 
 def _write(path: Path, text: str) -> None:

@@ -13,9 +13,11 @@ there before a config is validated.
 - :mod:`.compression`: compressors, error feedback and the wire, how compressed messages
   travel in each family, its study and report;
 - :mod:`.low_communication`: DiLoCo and Streaming DiLoCo (inner steps, outer optimiser);
-- :mod:`.mesh`: the device mesh, data (ZeRO), tensor/sequence and pipeline parallelism composed.
+- :mod:`.mesh`: the device mesh, data (ZeRO), tensor/sequence and pipeline parallelism composed;
+- :mod:`.moe`: gpt-tiny-moe's mixture of experts (its options; experts over ``ep``: the mesh).
 
-The last two register no strategy of their own: they change how the others train. Beside the
+Large batches, compression and mixtures of experts register no strategy of their own: they
+change how the others train. Beside the
 registry (:mod:`.registry`), :mod:`.launch` binds a config's strategy to a runtime. The checks
 of the config fields no family owns (the cost model's, faults, checkpoints) register when
 their modules are imported, which this package does.
@@ -34,6 +36,7 @@ from . import (
     memory,
     mesh,
     model_parallel,
+    moe,
     parameter_server,
 )
 from .registry import STRATEGIES, ServerSpec, Strategy, get_strategy, register
@@ -51,6 +54,7 @@ __all__ = [
     "memory",
     "mesh",
     "model_parallel",
+    "moe",
     "parameter_server",
     "register",
 ]

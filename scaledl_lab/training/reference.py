@@ -93,7 +93,7 @@ def train_worker_mean(cfg: ExperimentConfig, data: DataSplits) -> dict[str, Any]
     two workers), so with one thread per process the two agree bit for bit, in float32 too.
     """
     model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    model = model.to(cfg.dtype)
+    model = families.prepare_model(cfg, model).to(cfg.dtype)  # the workers' initial weights
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
     shards = [

@@ -22,6 +22,8 @@ from ..config import ExperimentConfig
 from ..data import DataSplits, epoch_batches, shard_indices
 from ..metrics import Row, record
 from ..models import build_model
+from ..moe import Load, MoE
+from ..moe import columns as moe_columns
 from ..objective import model_input
 from ..params import state_dict_cpu
 from ..runtime.base import Comm
@@ -75,6 +77,8 @@ class WorkerContext(Evaluation):
     run_label: str
     result: dict[str, Any] = field(default_factory=dict)
     resume: dict[str, Any] | None = None  # this rank's checkpoint, when a run is resumed
+    # gpt-tiny-moe: what its mixtures routed since the last train row (the moe_* columns)
+    moe_loads: list[Load] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
@@ -115,6 +119,7 @@ class WorkerContext(Evaluation):
             _TEMPLATES[key] = build_model(key[0], key[1], key[2], seed=key[3])
         model = families.prepare_model(self.config, copy.deepcopy(_TEMPLATES[key]))
         model = model.to(self.device, self.config.dtype)
+        self.moe_loads = [m.load for m in model.modules() if isinstance(m, MoE)]
         return model if self.precision is None else self.precision.attach(model)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
@@ -202,6 +207,7 @@ class WorkerContext(Evaluation):
         ``counted``: the samples this row adds to the run's throughput, when several workers
         share one mini-batch (a pipeline counts it once, on its last stage); default all.
         ``memory``: the step's ``mem_*`` columns (:meth:`.ledger.StepMemory.columns`).
+        gpt-tiny-moe's ``moe_*`` columns come from :attr:`moe_loads`.
         """
         uncompressed = sent + self.bytes_saved - self._saved_logged
         self._saved_logged = self.bytes_saved
@@ -221,6 +227,7 @@ class WorkerContext(Evaluation):
                 bytes_uncompressed=uncompressed if self.config.compress != "none" else math.nan,
                 **(memory or {}),
                 **(self.precision.columns() if self.precision is not None else {}),
+                **moe_columns(self.moe_loads),
             )
         )
 

@@ -1,7 +1,7 @@
 """Config errors of the mesh, each naming the field, before any cluster starts: the mesh's
 text, its product against the workers, and what each dimension must divide (gpt-tiny's heads
 and width for ``tp``, its layers for ``pp`` times the virtual stages, the batch for the
-micro-batches)."""
+micro-batches, gpt-tiny-moe's experts for ``ep``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ def placement(cfg: Any, rank: int) -> tuple[int, int]:
     mesh = _mesh_or_none(cfg)
     if mesh is None:
         return 1, rank
-    return mesh.world_size // mesh.size("dp"), mesh.coordinate(rank, "dp")
+    data = mesh.size("dp") * mesh.size("ep")  # ep ranks are data ranks too
+    replica = mesh.coordinate(rank, "dp") * mesh.size("ep") + mesh.coordinate(rank, "ep")
+    return mesh.world_size // data, replica
 
 
 def check_mesh(cfg: Any) -> None:
@@ -53,7 +55,9 @@ def check_mesh(cfg: Any) -> None:
             f"mesh={cfg.mesh!r} has {mesh.world_size} ranks but workers={cfg.workers}; the "
             f"product of the mesh's sizes must equal the workers"
         )
-    if cfg.model != "gpt-tiny":
+    if cfg.model == "gpt-tiny-moe" or mesh.size("ep") > 1:
+        check_ep(cfg, mesh)
+    elif cfg.model != "gpt-tiny":
         raise ConfigError(
             f"strategy='mesh' splits gpt-tiny's blocks; model={cfg.model!r} is not supported, "
             "use model='gpt-tiny' (dataset='licenses')"
@@ -146,4 +150,32 @@ def _check_cp(cfg: Any, mesh: Mesh) -> None:
             f"mesh={cfg.mesh!r}: Ulysses gives each cp rank H/C of its {heads} heads "
             f"(gpt-tiny's {gpt.HEADS} over tp={mesh.size('tp')}): cp={cp} does not divide "
             f"{heads}; use cp_method='ring'"
+        )
+
+
+def check_ep(cfg: Any, mesh: Mesh) -> None:
+    """``ep`` spreads gpt-tiny-moe's experts over data ranks; it composes with ``dp`` (ZeRO
+    stage 0, one micro-batch: the capacity and the aux loss count a worker's whole batch)."""
+    ep = mesh.size("ep")
+    if cfg.model != "gpt-tiny-moe":
+        raise ConfigError(
+            f"mesh={cfg.mesh!r}: ep={ep} spreads the experts of model='gpt-tiny-moe'; "
+            f"model={cfg.model!r} has none"
+        )
+    others = [f"{n}={mesh.size(n)}" for n in ("tp", "pp", "cp") if mesh.size(n) > 1]
+    for what, bad in (
+        (", ".join(others), bool(others)),
+        (f"zero_stage={cfg.zero_stage}", cfg.zero_stage != 0),
+        (f"micro_batches={cfg.micro_batches}", cfg.micro_batches != 1),
+        ("sequence_parallel=True", cfg.sequence_parallel),
+    ):
+        if bad:
+            raise ConfigError(
+                f"mesh={cfg.mesh!r}: gpt-tiny-moe on the mesh composes ep with dp (zero_stage 0, "
+                f"micro_batches=1) so far; {what} is not supported"
+            )
+    if isinstance(cfg.experts, int) and cfg.experts % ep:
+        raise ConfigError(
+            f"mesh={cfg.mesh!r}: ep={ep} does not divide experts={cfg.experts}; every ep rank "
+            f"holds as many experts: choose experts a multiple of {ep}"
         )

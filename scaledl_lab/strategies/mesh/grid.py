@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ...errors import ConfigError
 
-DIMENSIONS = ("dp", "tp", "pp", "cp")  # data (ZeRO), tensor/sequence, pipeline, context
-LATER = {"ep": "expert parallelism"}
+# data (ZeRO), tensor/sequence, pipeline, context, expert (gpt-tiny-moe's experts on data ranks)
+DIMENSIONS = ("dp", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,6 @@ class Mesh:
         for part in text.split(","):
             name, _, size = part.strip().partition("=")
             name = name.strip()
-            if name in LATER:
-                raise ConfigError(
-                    f"mesh={text!r}: {name!r} ({LATER[name]}) is not available yet: it comes "
-                    f"with {LATER[name]}; the mesh has {', '.join(DIMENSIONS)}"
-                )
             if name not in DIMENSIONS:
                 raise ConfigError(
                     f"mesh={text!r}: unknown dimension {name!r}; the mesh's dimensions are "

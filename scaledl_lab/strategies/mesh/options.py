@@ -1,7 +1,8 @@
-"""The mesh's options: its dimensions (``--mesh dp=2,tp=2,pp=2,cp=2``), data parallelism's ZeRO
-stage, the pipeline's schedule and context parallelism's attention. Micro-batches, virtual
-stages and sequence parallelism are the model-parallel family's options, recomputation the
-memory family's: the mesh reads them for its ``pp`` and ``tp`` dimensions."""
+"""The mesh's options: its dimensions (``--mesh dp=2,tp=2,pp=2,cp=2``; ``ep=E`` for
+gpt-tiny-moe), data parallelism's ZeRO stage, the pipeline's schedule and context parallelism's
+attention. Micro-batches, virtual stages and sequence parallelism are the model-parallel
+family's options, recomputation the memory family's: the mesh reads them for its ``pp`` and
+``tp`` dimensions; gpt-tiny-moe's options are the moe family's."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ class MeshOptions:
     mesh: str | None = field(
         default=None,
         metadata=option(
-            "mesh: its dimensions dp=D,tp=T,pp=P,cp=C (product = workers, the last innermost)",
-            metavar="dp=D,tp=T,pp=P,cp=C",
+            "mesh: its dimensions dp=D,tp=T,pp=P,cp=C,ep=E (product = workers, the last "
+            "innermost; ep: gpt-tiny-moe's experts)",
+            metavar="dp=D,tp=T,pp=P,cp=C,ep=E",
         ),
     )
     zero_stage: int = field(

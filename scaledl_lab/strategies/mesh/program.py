@@ -30,6 +30,7 @@ from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
 from ..memory.flat import FlatUnit
 from ..model_parallel.parallel_transformer import Ledgers
 from ..registry import register
+from . import experts
 from . import layers as mesh_layers
 from .context_block import Context
 from .gather import gather_model
@@ -251,10 +252,12 @@ class MeshModel:
 
 @register(
     "mesh",
-    "a device mesh: data (ZeRO), tensor/sequence and pipeline parallelism composed on gpt-tiny "
-    "(--mesh dp=D,tp=T,pp=P)",
+    "a device mesh: data (ZeRO), tensor/sequence, pipeline and context parallelism composed on "
+    "gpt-tiny, experts over data ranks on gpt-tiny-moe (--mesh dp=D,tp=T,pp=P,cp=C,ep=E)",
 )
 async def train(ctx: WorkerContext) -> None:
+    if ctx.config.model == "gpt-tiny-moe":  # dp × ep: the experts over the data ranks
+        return await experts.train(ctx)
     comm = ctx.comm
     model = MeshModel(ctx)
     await model.evaluate(epoch=0.0, step=0)
