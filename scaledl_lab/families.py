@@ -87,18 +87,10 @@ def option(
     field that defaults to None (on in a recipe) takes ``flag`` for True and ``off_flag`` for
     False. ``parse`` reads the text (default: the field's type, int or float or str);
     ``choices`` are shown as the metavar (the config's check says what is wrong with a value).
-    ``const``: the flag may stand alone, for this value, or take one (``--recompute
-    [selective]``).
+    ``const``: the flag alone gives this value, or it reads one (``--recompute [selective]``).
     """
-    return {
-        "help": help,
-        "flag": flag,
-        "off_flag": off_flag,
-        "metavar": metavar,
-        "choices": choices,
-        "parse": parse,
-        "const": const,
-    }
+    return dict(help=help, flag=flag, off_flag=off_flag, metavar=metavar, choices=choices,
+                parse=parse, const=const)  # fmt: skip
 
 
 def _no_check(cfg: Any) -> None:
