@@ -148,3 +148,29 @@ def test_selective_recomputation_refuses_what_it_cannot_do(changes, message):
 def test_an_unknown_recomputation_is_named():
     with pytest.raises(ConfigError, match="recompute='full' must be True, False or 'selective'"):
         _cfg("allreduce", recompute="full")
+
+
+def test_a_transformer_planned_without_gpus_refuses_selective():
+    """plan --transformer without --gpu sizes whole-layer recomputation only (the command
+    refuses the flag first, test_plan_mesh.py; the function says it again)."""
+    from scaledl_lab.strategies.memory.transformer import Transformer, plan_transformer
+
+    cfg = ExperimentConfig(strategy="allreduce", runtime="sim", workers=2,
+                           compute_profile="a100", recompute="selective",
+                           model="gpt-tiny", dataset="licenses")  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        plan_transformer(cfg, Transformer(2, 64, 4, 32, 96))
+    assert str(error.value) == (
+        "recompute='selective': a transformer plan without --gpu recomputes whole layers or "
+        "nothing; selective recomputation is planned on GPUs (--gpu)"
+    )
+
+
+def test_plan_command_takes_selective_for_gpt_tiny(capsys):
+    from scaledl_lab.cli import main
+
+    argv = ["plan", "--strategy", "allreduce", "--model", "gpt-tiny", "--dataset", "licenses",
+            "--batch-size", str(B), "--workers", "1"]  # fmt: skip
+    assert main([*argv, "--recompute", "selective"]) == 0
+    mb = plan(_cfg("allreduce", workers=1, recompute="selective")).memory.activations / 1e6
+    assert f"activations {mb:.3f} MB" in " ".join(capsys.readouterr().out.split())
