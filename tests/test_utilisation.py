@@ -76,3 +76,24 @@ def test_a_simulated_run_reports_both_with_the_formula(tmp_path):
     assert "| MFU | HFU |" in text and FORMULA in text
     assert f"| {summary['mfu']:.2%} | {summary['hfu']:.2%} |" in text
     assert "a100's float32 datasheet peak, 19.5 TFLOP/s" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "peak"),
+    [("NVIDIA H100 80GB HBM3", "bfloat16", 989e12), ("NVIDIA H100 80GB HBM3", "float32", 67e12),
+     ("NVIDIA A100-SXM4-80GB", "float16", 312e12), ("Tesla V100-SXM2-16GB", "bfloat16", 15.7e12),
+     ("NVIDIA GeForce RTX 4090", "float32", math.nan)],
+)  # fmt: skip
+def test_a_real_gpu_is_read_by_its_name(monkeypatch, name, precision, peak):
+    """Real workers on a GPU: its datasheet peak in the run's precision (16 bits where the GPU
+    profiles have it; V100's float32 one otherwise), none for a GPU the lab has no sheet for."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: name)
+    got, source = peak_of(_cfg(runtime="dask", precision=precision))
+    if math.isnan(peak):
+        assert math.isnan(got)
+        assert source == f"{name}: no datasheet peak among the lab's GPUs (v100, a100, h100)"
+    else:
+        assert got == peak and source.startswith(f"{name}: ")
