@@ -76,7 +76,7 @@ class Results:
     def summary(self) -> pd.DataFrame:
         from .viz import plots
 
-        return plots.summary_table(self.frame)
+        return plots.summary_table(self.frame, self.configs)
 
     def warnings(self) -> list[str]:
         """Runs that ended near chance or whose loss exploded, each with its likely cause."""
@@ -95,7 +95,7 @@ class Results:
         write_config(out, self.configs)
         if figures:
             plots.save_standard_plots(self.frame, out)
-        text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame) + "\n"
+        text = "# scaledl_lab results\n\n" + plots.summary_markdown(self.frame, self.configs) + "\n"
         warnings = self.warnings()
         if warnings:
             text += "\n## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings)

@@ -78,6 +78,7 @@ def option(
     metavar: str | None = None,
     choices: tuple[str, ...] | None = None,
     parse: Callable[[str], Any] | None = None,
+    const: Any = None,
 ) -> dict[str, Any]:
     """A config field's metadata: how it reads on the command line (``scaledl-lab run``).
 
@@ -86,15 +87,10 @@ def option(
     field that defaults to None (on in a recipe) takes ``flag`` for True and ``off_flag`` for
     False. ``parse`` reads the text (default: the field's type, int or float or str);
     ``choices`` are shown as the metavar (the config's check says what is wrong with a value).
+    ``const``: the flag alone gives this value, or it reads one (``--recompute [selective]``).
     """
-    return {
-        "help": help,
-        "flag": flag,
-        "off_flag": off_flag,
-        "metavar": metavar,
-        "choices": choices,
-        "parse": parse,
-    }
+    return dict(help=help, flag=flag, off_flag=off_flag, metavar=metavar, choices=choices,
+                parse=parse, const=const)  # fmt: skip
 
 
 def _no_check(cfg: Any) -> None:

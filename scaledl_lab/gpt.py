@@ -17,6 +17,7 @@ its logits channels-first, ``(N, V, S)``, so that cross-entropy is the mean next
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -50,9 +51,22 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
+def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Attention's core, softmax(QKᵀ/√d + mask)·V of every head, from the QKV Linear's output
+    ``(N, S, 3h)`` to the heads side by side ``(N, S, h)``: the part selective recomputation
+    runs again (Korthikanti et al. 2022), between two Linears whose outputs it keeps."""
+    n, s, h = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    q, k, v = (t.view(n, s, heads, h // heads).transpose(1, 2) for t in qkv.split(h, dim=2))
+    return causal_attention(q, k, v).transpose(1, 2).reshape(n, s, h)
+
+
 class SelfAttention(nn.Module):
     """Multi-head causal self-attention: QKV in one Linear (columns [Q | K | V], each head's
     d = h / heads columns contiguous inside each), then the output projection."""
+
+    # Selective recomputation's stand-in for attention_core (same arguments, same numbers),
+    # set on an instance by the memory family; None: the core itself.
+    recomputed_core: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
@@ -61,12 +75,8 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, s, h = x.shape
-        q, k, v = (
-            t.view(n, s, self.heads, h // self.heads).transpose(1, 2)
-            for t in self.qkv(x).split(h, dim=2)
-        )
-        return self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(n, s, h))
+        core = self.recomputed_core or attention_core
+        return self.proj(core(self.qkv(x), self.heads))
 
     def matmul_macs(self, output: torch.Tensor) -> int:
         """Multiply-accumulates of QKᵀ and of the product with V (not Linear layers)."""
@@ -166,6 +176,7 @@ __all__ = [
     "Embedding",
     "Head",
     "SelfAttention",
+    "attention_core",
     "causal_attention",
     "generated_text",
 ]

@@ -244,7 +244,7 @@ def test_every_strategy_takes_recompute():
 
 
 def test_recompute_must_be_a_boolean():
-    with pytest.raises(ConfigError, match="recompute='yes' must be True or False"):
+    with pytest.raises(ConfigError, match="recompute='yes' must be True, False or 'selective'"):
         _cfg("allreduce", recompute="yes")
 
 

@@ -56,6 +56,13 @@ def _add(group: Any, f: dataclasses.Field[Any], hint: Any) -> None:
         raise TypeError(f"config field {f.name!r} has no option(...) metadata: no flag for it")
     flag, help_text = flag_of(f), meta["help"]
     common = dict(dest=f.name, default=argparse.SUPPRESS)
+    if meta.get("const") is not None:  # alone: const; or with a value
+        parse = meta.get("parse") or _parser_of(hint, f.name)
+        group.add_argument(
+            flag, nargs="?", const=meta["const"], type=parse, metavar=_metavar(f, parse),
+            help=help_text, **common,
+        )  # fmt: skip
+        return
     if _is_switch(f, hint):
         if f.default is None:  # on in a recipe unless a flag says
             group.add_argument(flag, action="store_const", const=True, help=help_text, **common)
@@ -111,7 +118,9 @@ def describe_options(cls: type) -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in _fields(cls):
         flag = flag_of(f)
-        if _is_switch(f, hints[f.name]) and f.default is None:
+        if f.metadata.get("const") is not None:
+            flag += f" [{_metavar(f, str)}]"
+        elif _is_switch(f, hints[f.name]) and f.default is None:
             flag += " | " + (f.metadata.get("off_flag") or "--no-" + flag.removeprefix("--"))
         elif not _is_switch(f, hints[f.name]):
             parse = f.metadata.get("parse") or _parser_of(hints[f.name], f.name)

@@ -85,7 +85,7 @@ def cmd_plan(
         if args.out is not None:
             _write(Path(args.out), text + "\n")
         return 0 if fits else 1
-    if isinstance(getattr(args, "recompute", None), str):
+    if isinstance(getattr(args, "recompute", None), str) and args.transformer is not None:
         raise ConfigError(
             f"--recompute {args.recompute}: --recompute selective is planned for a transformer "
             "on GPUs (--transformer with --gpu); a run of the lab's models recomputes whole "

@@ -15,7 +15,8 @@ notes its share of the model's forward for the simulator's clock
 (:mod:`scaledl_lab.runtime.extra_work`).
 
 Which segments a model has, and installing them on a model, is the memory family's
-(:mod:`scaledl_lab.strategies.memory.recompute`); tensor parallelism checkpoints its block here.
+(:mod:`scaledl_lab.strategies.memory.recompute`); tensor parallelism checkpoints its block here,
+and selective recomputation attention's core (:func:`checkpoint_function`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class _Checkpoint(torch.autograd.Function):
         return (None, None, None, *(next(grads) if need else None for need in needs))
 
 
+# The owner of a function of its input alone (attention's core): no parameters, no buffers.
+_NOTHING = nn.Module()
+
+
 def checkpoint(
     run: Callable[[torch.Tensor], torch.Tensor],
     owner: nn.Module,
@@ -83,3 +88,11 @@ def checkpoint(
     if not torch.is_grad_enabled() or not (inp.requires_grad or params):
         return run(inp)
     return _Checkpoint.apply(run, owner, share, inp, *params)
+
+
+def checkpoint_function(
+    run: Callable[[torch.Tensor], torch.Tensor], inp: torch.Tensor, share: float
+) -> torch.Tensor:
+    """:func:`checkpoint` of a function of ``inp`` alone (no parameters, no buffers):
+    selective recomputation's attention core."""
+    return checkpoint(run, _NOTHING, inp, share)

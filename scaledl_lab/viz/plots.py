@@ -7,7 +7,9 @@ against epochs and time, throughput, and bytes sent per worker per step.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +28,7 @@ from .legends import (  # noqa: F401  (public here too)
     method_of,
     place_legend,
 )
+from .utilisation import utilisation_markdown, utilisation_table
 
 METRICS: tuple[str, ...] = ("loss", "accuracy")
 X_AXES: tuple[str, ...] = ("epoch", "time", "step")
@@ -35,7 +38,7 @@ WARMUP_FRACTION = 0.1  # share of each worker's first steps left out of steady-s
 _X_LABELS = {"epoch": "epoch", "time": "time (s)", "step": "step"}
 _SUMMARY_COLUMNS = (
     "run strategy runtime world_size epochs test_accuracy best_val_accuracy test_loss time_s "
-    "samples_per_s bytes_per_step staleness compression_ratio"
+    "samples_per_s bytes_per_step staleness compression_ratio mfu hfu"
 ).split()
 
 
@@ -188,19 +191,23 @@ def _final_eval(rows: pd.DataFrame, metric: str) -> float:
     return float(last[metric].mean())
 
 
-def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: setup, final results, speed and communication.
+def summary_table(frame: pd.DataFrame, configs: Sequence[Any] = ()) -> pd.DataFrame:
+    """One row per run: setup, final results, speed, communication and FLOP utilisation.
 
     epochs: last evaluated epoch; test_accuracy / test_loss: mean over evaluating ranks at the
     last test epoch; best_val_accuracy: best rank-mean validation accuracy over epochs;
     time_s: latest time in the run; bytes_per_step: mean bytes sent per worker per train step;
     staleness: mean over train rows that have one (NaN if none); compression_ratio: bytes the
-    train rows would have sent uncompressed over those they sent (1.0 without compression).
+    train rows would have sent uncompressed over those they sent (1.0 without compression);
+    mfu / hfu: model and hardware FLOP utilisation (:mod:`.utilisation`), NaN without the runs'
+    ``configs`` or a peak for their device.
     """
     needed = ["run", "strategy", "runtime", "world_size", "rank", "kind", "epoch", "step"]
     needed += ["time", "loss", "accuracy", "samples", "bytes_sent", "staleness"]
     _require(frame, needed)
     rates = throughput(frame).set_index("run")["samples_per_s"]
+    used = utilisation_table(configs, rates.to_dict()).set_index("run")[["mfu", "hfu"]]
+    used = used.to_dict("index")
     records = []
     for run in _runs(frame):
         rows = frame[frame["run"] == run]
@@ -226,6 +233,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 # Series.mean skips NaN and gives NaN (without a warning) when all are NaN.
                 "staleness": float(train["staleness"].astype(float).mean()),
                 "compression_ratio": compression_ratio(train),
+                **used.get(run, {"mfu": math.nan, "hfu": math.nan}),
             }
         )
     return pd.DataFrame(records, columns=_SUMMARY_COLUMNS)
@@ -245,14 +253,16 @@ def _fmt_bytes(value: float) -> str:
     return f"{value:.1f} GiB"
 
 
-def summary_markdown(frame: pd.DataFrame) -> str:
-    """`summary_table` as a GitHub markdown table with human-readable numbers."""
-    table = summary_table(frame)
+def summary_markdown(frame: pd.DataFrame, configs: Sequence[Any] = ()) -> str:
+    """`summary_table` as a GitHub markdown table with human-readable numbers; with the runs'
+    ``configs``, their MFU and HFU, and a section that states the formula and each peak."""
+    table = summary_table(frame, configs)
     header = ["run", "strategy", "runtime", "workers", "epochs", "test acc (mean of workers)"]
     header += ["val acc (best epoch, mean of workers)"]
     header += ["test loss", "time (s)", "samples/s", "sent/worker/step", "staleness"]
     compressed = bool((table["compression_ratio"].fillna(1.0) != 1.0).any())
     header += ["compression"] if compressed else []
+    header += ["MFU", "HFU"] if configs else []
     # Text columns left-aligned, numbers right-aligned.
     align = [":---"] * 3 + ["---:"] * (len(header) - 3)
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
@@ -271,8 +281,13 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             _fmt_bytes(r.bytes_per_step),
             _fmt(r.staleness, ".2f"),
         ] + ([f"×{_fmt(r.compression_ratio, '.1f')}"] if compressed else [])
+        cells += [_fmt(r.mfu, ".2%"), _fmt(r.hfu, ".2%")] if configs else []
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if not configs:
+        return text
+    rates = throughput(frame).set_index("run")["samples_per_s"].to_dict()
+    return text + utilisation_markdown(utilisation_table(configs, rates))
 
 
 def _runtime_words(runtime: str) -> str:

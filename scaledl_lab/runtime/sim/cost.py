@@ -55,14 +55,15 @@ class ComputeProfile:
         return self.per_step_s + self.per_sample_s * samples
 
 
-# Peak FP32 rate × a typical achieved fraction for small CNNs (~40%). "cpu-core" is the rate
-# measured for the small CNN on one core of a 2-core x86 laptop-class VM (1.34 ms per sample for
-# 3 × 24 MFLOP; `scaledl-lab calibrate` measures your own machine instead).
+# Peak FP32 rate (the datasheets: V100 SXM2 15.7, A100 19.5, H100 SXM 67 TFLOP/s) × a typical
+# achieved fraction for small CNNs (~40%). "cpu-core" is the rate measured for the small CNN on
+# one core of a 2-core x86 laptop-class VM (1.34 ms per sample for 3 × 24 MFLOP; `scaledl-lab
+# calibrate` measures your own machine instead): an achieved rate, with no peak behind it.
+PEAK_FP32: dict[str, float] = {"v100": 15.7e12, "a100": 19.5e12, "h100": 67e12}
+ACHIEVED_FRACTION = 0.4
 DEVICES: dict[str, float] = {
     "cpu-core": 50e9,
-    "v100": 15.7e12 * 0.4,
-    "a100": 19.5e12 * 0.4,
-    "h100": 67e12 * 0.4,
+    **{name: peak * ACHIEVED_FRACTION for name, peak in PEAK_FP32.items()},
 }
 # Memory traffic of one received-gradient application, in passes over the parameter bytes:
 # the copy out of the receive buffer into the gradients (read + write) and an optimiser step

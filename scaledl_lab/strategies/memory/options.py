@@ -9,9 +9,13 @@ from ...families import option
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    recompute: bool = field(
+    recompute: bool | str = field(
         default=False,
         metadata=option(
-            "every strategy: keep each layer's input only, its forward again in backward"
+            "every strategy: keep each layer's input only, its forward again in backward; "
+            "'selective' (gpt-tiny): attention's core only, softmax(QKᵀ)·V",
+            metavar="selective",
+            parse=str,
+            const=True,
         ),
     )

@@ -5,8 +5,10 @@ time and bytes, for ``allreduce``, ``allreduce-naive`` and the ZeRO stages on th
 Model states follow ZeRO's accounting of the flat units (:mod:`.flat`); activations come from
 one forward on a batch of zeros under the ledger's ``saved_tensors_hooks`` (no backward, no
 data file: a dataset's sample shape is known), and with ``recompute`` from each segment's
-forward (:mod:`.recompute`: the checkpoints and the worst segment run again); compute is 4/3 of
-a step with ``recompute`` (one more forward); communication buffers replay the order in which
+forward (:mod:`.recompute`: the checkpoints and the worst segment run again), with
+``'selective'`` from the forward of the model whose attention cores keep their input only;
+compute is 4/3 of a step with ``recompute`` (one more forward), 1 + c/3 with ``'selective'``
+(c: the cores' share of a forward); communication buffers replay the order in which
 each strategy makes and drops them; time is the cost model's compute plus its collectives, one
 after another as the simulator runs them.
 """
@@ -29,7 +31,7 @@ from ...training.ledger import SavedTensors, StepMemory
 from ...training.precision import Precision, element_bytes
 from ..model_parallel.partition import layers
 from .flat import blocks
-from .recompute import recomputed_bytes
+from .recompute import prepare_model, recomputed_bytes, recomputed_forwards
 from .zero import STAGES
 
 PLANNED = ("allreduce", "allreduce-naive", *STAGES)
@@ -90,8 +92,10 @@ def _activations(cfg: ExperimentConfig, model: torch.nn.Module, shape: tuple[int
     (:func:`.recompute.recomputed_bytes`)."""
     tokens = getattr(model, "input_dtype", None) == torch.int64  # next-token data: y as x
     x = torch.zeros(cfg.batch_size, *shape, dtype=torch.int64 if tokens else cfg.dtype)
-    if cfg.recompute:
+    if cfg.recompute is True:
         return float(recomputed_bytes(model, x))
+    if cfg.recompute == "selective":  # attention's cores keep their input only
+        model = prepare_model(cfg, model)
     y = torch.zeros(cfg.batch_size, *(shape if tokens else ()), dtype=torch.long)
     saved = SavedTensors()
     with saved.counting(model):
@@ -147,7 +151,8 @@ def _step(cfg, model, shape, padded: list[int], whole: int) -> tuple[float, int]
     cost = build_cost_model(cfg, model_flops(model, shape, num_classes(cfg.dataset)))
     # every worker's group: the link its ring crosses (between nodes once it spans several)
     n, net, algo = cfg.workers, cost.link(range(cfg.workers)), cost.allreduce
-    compute = cost.step_time(0, n, 0, cfg.batch_size) * (4 / 3 if cfg.recompute else 1)
+    again = recomputed_forwards(cfg, num_classes(cfg.dataset))  # a third of a step each
+    compute = cost.step_time(0, n, 0, cfg.batch_size) * (1 + again / 3)
     # The loss (float64), and with dynamic loss scaling at a ZeRO stage the overflow verdict
     stats = 16 if cfg.strategy in STAGES and _checks_overflow(cfg) else 8
     loss_s, loss_b = cost.allreduce_time(stats, n), cost.allreduce_bytes(stats, n)

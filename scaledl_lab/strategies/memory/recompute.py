@@ -1,7 +1,11 @@
 """Activation recomputation on every strategy (``recompute=True``; Chen et al. 2016, "Training
 Deep Nets with Sublinear Memory Cost"): the model's segments, and the model whose forward
 checkpoints each of them (:func:`prepare_model`, the memory family's change to every worker's
-model).
+model). ``recompute='selective'`` (Korthikanti et al. 2022, "Reducing Activation Recomputation
+in Large Transformer Models", §5) recomputes attention's core only, softmax(QKᵀ)·V: the
+activations quadratic in the sequence for 4·S²·h FLOPs per layer and sequence, keeping every
+Linear's output; each attention layer of the model checkpoints its core
+(:func:`recompute_core`), so every program that runs the model's layers recomputes it.
 
 Segments. A model's ordered layers (:func:`~scaledl_lab.strategies.model_parallel.partition.
 layers`, whose composition is its forward) grouped into blocks, each one layer with parameters
@@ -42,9 +46,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...data import sample_shape
+from ...gpt import SelfAttention, attention_core
 from ...models import build_model, model_flops
 from ...training.ledger import SavedTensors
-from ...training.recompute import buffers_kept, checkpoint
+from ...training.recompute import buffers_kept, checkpoint, checkpoint_function
 from ..model_parallel.partition import boundary_shapes, layers
 from .flat import blocks
 
@@ -80,12 +85,46 @@ def _forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@functools.lru_cache(maxsize=32)
+def core_shares(model: str, input_shape: tuple[int, ...], num_classes: int) -> tuple[float, ...]:
+    """Each attention core's part of one forward of ``model`` by FLOPs (QKᵀ and the product
+    with V, 4·S²·h per sequence), one per attention layer (none without attention): what
+    selective recomputation runs again."""
+    net = build_model(model, input_shape, num_classes, seed=0)
+    total = model_flops(net, input_shape, num_classes)
+    cores = [m for m in net.modules() if isinstance(m, SelfAttention)]
+    out = [torch.empty(1, input_shape[0], m.proj.in_features) for m in cores]
+    return tuple(2 * m.matmul_macs(o) / total for m, o in zip(cores, out, strict=True))
+
+
+def recomputed_forwards(cfg: Any, num_classes: int) -> float:
+    """The forwards of the model run again per step, a fraction of one: 1 with whole layers,
+    the attention cores' share with ``'selective'``, else 0 (what the simulator charges, a
+    third of a step each, and what HFU counts beside MFU)."""
+    if cfg.recompute == "selective":
+        return sum(core_shares(cfg.model, sample_shape(cfg.dataset), num_classes))
+    return 1.0 if cfg.recompute is True else 0.0
+
+
+def recompute_core(qkv: torch.Tensor, heads: int, share: float) -> torch.Tensor:
+    """:func:`~scaledl_lab.gpt.attention_core`, keeping only its input (the QKV Linear's
+    output) and run again in backward; ``share``: its part of one forward (the simulator's)."""
+    return checkpoint_function(functools.partial(attention_core, heads=heads), qkv, share)
+
+
 def prepare_model(cfg: Any, model: nn.Module) -> nn.Module:
     """With ``cfg.recompute``, ``model`` whose forward checkpoints every segment (the same
-    module, parameters and state_dict; a deep copy recomputes as well), else ``model``."""
+    module, parameters and state_dict; a deep copy recomputes as well); with ``'selective'``,
+    whose attention layers checkpoint their core (:func:`recompute_core`); else ``model``."""
     if not cfg.recompute:
         return model
     classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+    if cfg.recompute == "selective":
+        shares = core_shares(cfg.model, sample_shape(cfg.dataset), classes)
+        cores = [m for m in model.modules() if isinstance(m, SelfAttention)]
+        for m, share in zip(cores, shares, strict=True):
+            m.recomputed_core = functools.partial(recompute_core, share=share)
+        return model
     model.recompute_segments = segments(model)
     model.recompute_shares = forward_shares(cfg.model, sample_shape(cfg.dataset), classes)
     model.forward = types.MethodType(_forward, model)

@@ -118,6 +118,11 @@ def plan_transformer(cfg: ExperimentConfig, model: Transformer) -> Plan:
             f"a transformer plan takes its compute time from a device's FLOP rate "
             f"({', '.join(DEVICES)}), not from compute_profile={cfg.compute_profile!r}"
         )
+    if cfg.recompute not in (False, True):
+        raise ConfigError(
+            f"recompute={cfg.recompute!r}: a transformer plan without --gpu recomputes whole "
+            "layers or nothing; selective recomputation is planned on GPUs (--gpu)"
+        )
     n, stage = cfg.workers, STAGES.get(cfg.strategy, 0)
     size, master, state = element_bytes(cfg.precision)
     units = [model.block_parameters] * model.layers

@@ -114,7 +114,7 @@ class ShardedModel:
         backward runs one layer at a time and each layer's gradient is reduce-scattered as
         soon as it is there (at most two in flight). Stage 3 gathers each layer before it
         computes and frees it after."""
-        recompute = self.ctx.config.recompute
+        recompute = self.ctx.config.recompute is True  # whole layers ('selective': the model's)
         stage3 = self.stage == 3
         saved: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         h, needs_grad = x, False  # the data needs no gradient, nor what comes from it alone

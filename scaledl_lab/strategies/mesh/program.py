@@ -57,7 +57,8 @@ class MeshModel:
         self.context = (
             Context(self.cp, gpt.sequence, cfg.cp_method) if self.cp.world_size > 1 else None
         )
-        self.dims = Dims(self.tp, cfg.sequence_parallel, cfg.recompute, Ledgers(), self.context)
+        whole = cfg.recompute is True  # 'selective': attention's core only, the blocks' own
+        self.dims = Dims(self.tp, cfg.sequence_parallel, whole, Ledgers(), self.context)
         self.zero, self.buffers = cfg.zero_stage, Peak()
         self.stage = Stage(
             mesh_layers.build(gpt, self.tp, self.context), self.pp, self.dims,

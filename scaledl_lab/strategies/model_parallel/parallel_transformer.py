@@ -44,6 +44,7 @@ from torch import nn
 from ...gpt import GPT, Block, causal_attention
 from ...runtime.base import Comm
 from ...training.ledger import SavedTensors, StepMemory, nbytes, optimizer_state_bytes
+from ...training.recompute import checkpoint_function
 from .conjugates import Exchange
 
 FORWARD, BACKWARD = 1 / 3, 2 / 3  # a step's FLOPs: forward ~1/3, backward ~2/3
@@ -89,6 +90,7 @@ class ParallelBlock(nn.Module):
         self.down_weight = nn.Parameter(down.weight[:, self.inner].detach().clone())
         self.down_bias = nn.Parameter(down.bias.detach().clone())  # replicated, added once
         self._rows = rows
+        self.selective = getattr(block.attn, "recomputed_core", None) is not None  # selective
 
     def split_region_parameters(self) -> list[nn.Parameter]:
         """The parameters sequence parallelism's split regions use (whole on every rank)."""
@@ -104,14 +106,21 @@ class ParallelBlock(nn.Module):
     def mlp_macs(self, s: int) -> int:
         return s * (self.up_weight.numel() + self.down_weight.numel())
 
-    def _attention(self, a: torch.Tensor) -> torch.Tensor:
-        s, b, _ = a.shape
-        q, k, v = (
-            t.reshape(s, b, self.heads, -1).permute(1, 2, 0, 3)
-            for t in F.linear(a, self.qkv_weight, self.qkv_bias).chunk(3, dim=2)
-        )
-        heads = causal_attention(q, k, v).permute(2, 0, 1, 3).reshape(s, b, -1)
-        return F.linear(heads, self.proj_weight)
+    def _core(self, qkv: torch.Tensor) -> torch.Tensor:
+        """This rank's heads' softmax(QKᵀ)·V, ``(S, B, 3w)`` -> ``(S, B, w)``."""
+        s, b, _ = qkv.shape
+        q, k, v = (t.reshape(s, b, self.heads, -1).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=2))
+        return causal_attention(q, k, v).permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    def _attention(self, a: torch.Tensor, share: float = 0.0) -> torch.Tensor:
+        """The sub-layer; with selective recomputation its core keeps the QKV output only
+        (``share``: the sub-layer's part of a step, the core's part of it charged again)."""
+        qkv = F.linear(a, self.qkv_weight, self.qkv_bias)
+        if not self.selective:
+            return F.linear(self._core(qkv), self.proj_weight)
+        s = a.shape[0]
+        core = share * 2 * s * s * self.proj_weight.shape[1] / self.attention_macs(s)
+        return F.linear(checkpoint_function(self._core, qkv, core), self.proj_weight)
 
     async def _attention_forward(
         self, comm: Comm, t: dict, n: int, share: float, ledgers: Ledgers, grad: bool
@@ -120,7 +129,7 @@ class ParallelBlock(nn.Module):
         (:mod:`..mesh.context_block`) put the members' exchanges inside."""
         async with comm.compute(n, share * FORWARD):
             with torch.set_grad_enabled(grad), ledgers.rest.counting(self if grad else None):
-                t["p1"] = self._attention(t["a"])
+                t["p1"] = self._attention(t["a"], share)
 
     async def _attention_backward(
         self, comm: Comm, t: dict, grad: torch.Tensor, n: int, share: float, run: Backward

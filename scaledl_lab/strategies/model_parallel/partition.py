@@ -235,8 +235,9 @@ def check_model_parallel(cfg: Any) -> None:
         )
     if name == "zb-h1" and cfg.recompute:
         raise ConfigError(
-            "recompute=True is not supported by strategy='zb-h1': its weight gradient W runs "
-            "after B on the graph B keeps, the memory recomputation would free; use '1f1b' or "
+            f"recompute={cfg.recompute!r} is not supported by strategy='zb-h1': its weight "
+            "gradient W runs after B on the graph B keeps, the memory recomputation would free "
+            "(selective: W would run attention's core a second time); use '1f1b' or "
             "'interleaved-1f1b' with recompute"
         )
     p, v = cfg.model_parallel_size, cfg.virtual_stages

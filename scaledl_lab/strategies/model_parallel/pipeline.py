@@ -132,6 +132,7 @@ class Stage:
     async def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepStats:
         """Run this stage's schedule on one mini-batch; return the replica's loss and hits."""
         cfg, comm = self.ctx.config, self.comm
+        whole = cfg.recompute is True  # 'selective' recomputes inside the model's attention
         xs, ys = x.split(self.micro), y.split(self.micro)
         inbox = channels.Inbox(comm, self._expected_ranks(), self._shape_of, cfg.dtype, self.ahead)
         stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -145,7 +146,7 @@ class Stage:
             if phase == "F":
                 inp = await self._input(inbox, xs, m, chunk)
                 start = comm.now()  # busy from here: waiting for the input is the bubble
-                context = torch.no_grad() if cfg.recompute else contextlib.nullcontext()
+                context = torch.no_grad() if whole else contextlib.nullcontext()
                 async with comm.compute(len(inp), chunk.share / 3):
                     with context:
                         out = chunk.layers(inp)
@@ -167,7 +168,7 @@ class Stage:
                     waiting_w[(c, m)] = (inp, out, grad)  # type: ignore[assignment]
                 else:
                     loss = functools.partial(loss_of, y=ys[m], batch_size=cfg.batch_size)
-                    grad_in = await backward.full(comm, chunk, inp, out, grad, cfg.recompute, loss)
+                    grad_in = await backward.full(comm, chunk, inp, out, grad, whole, loss)
                 end = comm.now()
                 if not chunk.is_first:
                     sends.append(self._send(grad_in, chunk.prev_worker))
@@ -222,7 +223,7 @@ class Stage:
         total = 0
         for inp, out in kept:
             total += inp.numel() * inp.element_size()
-            if not self.ctx.config.recompute:
+            if self.ctx.config.recompute is not True:
                 total += out.numel() * out.element_size()
         return total
 
