@@ -47,6 +47,8 @@ def _same(fresh: pd.DataFrame, committed: pd.DataFrame, keys: list[str]) -> None
 def test_a_recomputation_at_small_size_gives_the_committed_rows(committed):
     _same(study.capacity_table(factors=(1.0,)), committed["capacity"], ["capacity_factor"])
     _same(study.network_table(placements=(2,)), committed["network"], ["gpus_per_node"])
+    balance = study.balance_table(weights=(report.SWITCH_ALPHA,), seeds=(3,))  # 80 steps
+    _same(balance, committed["balance"], ["aux_loss_weight", "seed", "step"])
 
 
 def test_the_formulas_follow_the_counts_beyond_the_study_s_points():
