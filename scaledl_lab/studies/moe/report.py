@@ -53,7 +53,9 @@ def capacity_claim(capacity: pd.DataFrame) -> Claim:
         "MFLOP a forward) and the all-to-all bytes a step recorded "
         f"({first.bytes_all_to_all / 1024:.0f} to {last.bytes_all_to_all / 1024:.0f} KiB), each "
         f"equal to its formula ({exact}); the simulated step {first.step_s * 1e3:.2f} to "
-        f"{last.step_s * 1e3:.2f} ms (loopback network)",
+        f"{last.step_s * 1e3:.2f} ms on the loopback network (the simulator charges the "
+        "experts' compute at the default mixture's FLOPs whatever the factor: that growth is "
+        "the all-to-all's)",
         figures={"dropped_first": first.dropped, "dropped_last": last.dropped,
                  "bytes_ratio": last.bytes_all_to_all / first.bytes_all_to_all},  # fmt: skip
         test="dropped share falls strictly as the factor grows (or is 0); all-to-all bytes, "

@@ -4,7 +4,9 @@
   assignments dropped and the all-to-all bytes its metrics recorded, the simulated step, and
   the experts' buffers and FLOPs counted in a forward of one rank's batch (hooks on the experts),
   each beside its formula (places ``C = ceil(f·T·k/E)``, buffers ``E·C·h`` elements per layer,
-  ``16·h²`` FLOPs per place and layer, four all-to-alls of the buffers per layer and step).
+  ``16·h²`` FLOPs per place and layer, four all-to-alls of the buffers per layer and step). The
+  simulator charges a step's compute from the default mixture's FLOPs whatever the factor, so
+  the simulated step grows by the all-to-alls alone; the experts' FLOPs are the hooks' count.
 - :func:`balance_table`: the same mesh trained longer at several load-balancing weights α, per
   step the busiest expert's load over the mean, the dropped share, the aux loss and the loss.
 - :func:`network_table`: ``dp=2,ep=4`` on an H100 node's two-tier network with 8, 4 and 2 GPUs a
