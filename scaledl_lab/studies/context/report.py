@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pandas as pd
 
 from ...data.licenses import SEQUENCE
 from ...runtime.collectives import ring_allreduce_bytes
+from ..committed import markdown_table, read_tables, study_main
 from ..verdict import Claim, mark
 from . import study
 from .plan import STATS, attention_bytes
@@ -194,14 +194,7 @@ def measure() -> dict[str, pd.DataFrame]:
 
 
 def read(out: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
-    return {name: pd.read_csv(Path(out) / f"{name}.csv") for name in TABLES}
-
-
-def _table(frame: pd.DataFrame) -> list[str]:
-    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
-             for row in frame.itertuples(index=False)]  # fmt: skip
-    head = "| " + " | ".join(frame.columns) + " |"
-    return [head, "|" + "---|" * len(frame.columns), *("| " + " | ".join(c) + " |" for c in cells)]
+    return read_tables(out, TABLES)
 
 
 def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) -> Path:
@@ -210,15 +203,15 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
              "Measured on the simulator by ``python -m scaledl_lab.studies.context.report`` "
              "(:mod:`scaledl_lab.studies.context`). Bytes, float32.", "",
              "## Memory and bytes per rank: gpt-tiny, batch 8, one step (`memory.csv`)", "",
-             *_table(tables["memory"][["method", "cp", "params", "activations",
+             *markdown_table(tables["memory"][["method", "cp", "params", "activations",
                                        "activations_times_c", "bytes_sent"]]
                      .assign(formula_bytes=mesh_formula(tables["memory"]))), "",
              f"## Ring attention's forward and backward, C = 4, compute at {study.DEVICE}'s "
-             "rate (`overlap.csv`, seconds)", "", *_table(overlap), "",
+             "rate (`overlap.csv`, seconds)", "", *markdown_table(overlap), "",
              "## Bytes per rank, one forward and backward, B = 1, H = 8, d = 8 (`traffic.csv`)",
-             "", *_table(tables["traffic"]), "",
+             "", *markdown_table(tables["traffic"]), "",
              "## Causal work per rank (`work.csv`: scores per rank)", "",
-             *_table(tables["work"].drop_duplicates(["cp", "split"])
+             *markdown_table(tables["work"].drop_duplicates(["cp", "split"])
                      .drop(columns=["rank", "scores"])), "",
              *verdict_section(tables)]  # fmt: skip
     path = Path(out) / "summary.md"
@@ -227,20 +220,14 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Context parallelism's claims, measured.")
-    parser.add_argument("--out", default="results/context")
-    parser.add_argument("--summary", action="store_true", help="only summarise OUT's CSVs")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    if args.summary:
-        tables = read(out)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        tables = measure()
-        for name, frame in tables.items():
-            frame.to_csv(out / f"{name}.csv", index=False)
-        tables = read(out)  # the summary is the CSVs' (as --summary renders it)
-    print(write_summary(out, tables).read_text())
+    study_main(
+        argv,
+        description="Context parallelism's claims, measured.",
+        default_out="results/context",
+        names=TABLES,
+        measure=measure,
+        write_summary=write_summary,
+    )
 
 
 if __name__ == "__main__":

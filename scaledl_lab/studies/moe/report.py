@@ -5,12 +5,12 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 import pandas as pd
 
+from ..committed import markdown_table, read_tables, study_main
 from ..verdict import Claim, mark
 from . import study
 
@@ -178,14 +178,7 @@ def measure() -> dict[str, pd.DataFrame]:
 
 
 def read(out: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
-    return {name: pd.read_csv(Path(out) / f"{name}.csv") for name in TABLES}
-
-
-def _table(frame: pd.DataFrame) -> list[str]:
-    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
-             for row in frame.itertuples(index=False)]  # fmt: skip
-    head = "| " + " | ".join(frame.columns) + " |"
-    return [head, "|" + "---|" * len(frame.columns), *("| " + " | ".join(c) + " |" for c in cells)]
+    return read_tables(out, TABLES)
 
 
 def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) -> Path:
@@ -202,11 +195,11 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
              "a layer; expert FLOPs 16 x h^2 a place and layer; all-to-all bytes a step "
              "4 x layers x (ep - 1)/ep x buffer bytes. Counted: hooks on the experts' forward; "
              "recorded: the metrics' `moe_dropped` and `bytes_all_to_all`.", "",
-             *_table(tables["capacity"]), "",
+             *markdown_table(tables["capacity"]), "",
              f"## Load balancing, ep=2, second half of {int(balance['step'].max())} steps "
-             "(`balance.csv`: every step)", "", *_table(late), "",
+             "(`balance.csv`: every step)", "", *markdown_table(late), "",
              "## The all-to-all across nodes, dp=2,ep=4, h100-node (`network.csv`, seconds)", "",
-             *_table(tables["network"]), "",
+             *markdown_table(tables["network"]), "",
              *verdict_section(tables)]  # fmt: skip
     path = Path(out) / "summary.md"
     path.write_text("\n".join(lines) + "\n")
@@ -214,20 +207,14 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Expert parallelism's claims, measured.")
-    parser.add_argument("--out", default="results/moe")
-    parser.add_argument("--summary", action="store_true", help="only summarise OUT's CSVs")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    if args.summary:
-        tables = read(out)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        tables = measure()
-        for name, frame in tables.items():
-            frame.to_csv(out / f"{name}.csv", index=False)
-        tables = read(out)  # the summary is the CSVs' (as --summary renders it)
-    print(write_summary(out, tables).read_text())
+    study_main(
+        argv,
+        description="Expert parallelism's claims, measured.",
+        default_out="results/moe",
+        names=TABLES,
+        measure=measure,
+        write_summary=write_summary,
+    )
 
 
 if __name__ == "__main__":
