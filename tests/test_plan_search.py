@@ -22,7 +22,7 @@ def test_the_1t_rows_published_mesh_ranks_among_the_best_three():
     """3072 A100s, batch 3072: Megatron-LM ran TP 8, PP 64 (Table 1), without context
     parallelism; among the meshes without cp the search's fastest setup of each mesh puts it
     third, within 0.2% of the first's step time. With cp the search prefers TP 2 × CP 4 × PP 64
-    (1.6% faster): ring attention's blocks hide behind attention (s = 2048, h = 25600) while
+    (1.5% faster): ring attention's blocks hide behind attention (s = 2048, h = 25600) while
     TP 8's allreduces, not overlapped, take seven times TP 2's."""
     found = search(Transformer(128, 25600, 160, 2048, 51200), 3072, 3072, A100)
     best = best_per_mesh(found)
