@@ -13,7 +13,8 @@ transfers again.
 
 Expert parallelism (``ep=E``): each block's MLP is ``experts`` experts, ``top_k`` per token; an
 ``ep`` rank holds experts/ep of them, and each MoE layer runs two all-to-alls forward (dispatch
-and combine) and two backward of the tokens' k copies (16-bit, h values each), on the ep
+and combine) and two backward of the tokens' k copies (16-bit, h values each; a tp rank's
+S/(C·T) positions with sequence parallelism, its S/C without), on the ep
 group's link, not overlapped; full recomputation runs the forward's two again. As in the lab's
 gpt-tiny-moe (:func:`scaledl_lab.strategies.mesh.experts.held_parameters`), every rank is a
 data rank: the non-expert weights' gradients are reduced over dp × cp × ep, the experts' over
