@@ -129,7 +129,6 @@ def test_mfu_and_hfu_state_their_flops():
         (MeshSetup("pp=4", 6, micro_batches=6, schedule="interleaved-1f1b", virtual_stages=2),
          None, "interleaved-1f1b needs the micro-batches \\(6\\) a multiple of pp=4"),
         (MeshSetup("pp=2", 8, virtual_stages=2), None, "above 1 only with interleaved-1f1b"),
-        (MeshSetup("dp=2,cp=2", 8), None, "does not model context parallelism"),
         (MeshSetup("dp=2", 8, schedule="dualpipe"), None, "pipeline schedule 'dualpipe'"),
         (MeshSetup("dp=2", 8, recompute="half"), None, "recompute='half'; allowed: none"),
         (MeshSetup("dp=2", 8, zero_stage=4), None, "zero_stage=4; allowed: 0, 1, 2, 3"),

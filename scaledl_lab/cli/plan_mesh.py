@@ -14,6 +14,8 @@ from ..strategies.memory.mesh_plan import MeshPlan, MeshSetup, plan_mesh
 from ..strategies.memory.transformer import Transformer
 
 GB = 1e9
+CP_LABELS = {"ring": "cp ring (beyond the attention it hides)",
+             "ulysses": "cp ulysses all-to-alls (not overlapped)"}  # fmt: skip
 
 
 def add_gpu_options(plan: argparse.ArgumentParser) -> None:
@@ -41,7 +43,8 @@ def add_gpu_options(plan: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--search", action="store_true",
         help="with --gpu: every mesh of --workers GPUs (dp with ZeRO, tp, pp with schedule, "
-        "micro-batch size, recomputation), the best by predicted step time",
+        "cp, ep with --experts, micro-batch size, recomputation), the best by predicted step "
+        "time",
     )  # fmt: skip
     plan.add_argument("--top", type=int, default=10, help="with --search: meshes shown")
 
@@ -69,6 +72,8 @@ def _setup(args: argparse.Namespace) -> MeshSetup:
         zero_stage=int(getattr(args, "zero_stage", 0)),
         overlap_grad_reduce=args.overlap_grad_reduce,
         gpus_per_node=getattr(args, "gpus_per_node", None),
+        cp_method=getattr(args, "cp_method", "ring"), experts=getattr(args, "experts", 0),
+        top_k=getattr(args, "top_k", 1) if getattr(args, "experts", 0) else 1,
     )  # fmt: skip
 
 
@@ -79,7 +84,8 @@ def lines(m: Transformer, spec: str, s: MeshSetup, p: MeshPlan, gpu, room: float
         f"a transformer of {m.parameters:,} parameters ({spec}) on {p.workers} {gpu.name} "
         f"(mesh {s.mesh}, {nodes} GPUs per node), batch {s.global_batch_size} in {s.micro_batches} "
         f"micro-batches per replica, {s.schedule}, recompute {s.recompute}, "
-        f"ZeRO stage {s.zero_stage} over dp",
+        f"ZeRO stage {s.zero_stage} over dp"
+        + (f"; each MLP {s.experts} experts, {s.top_k} per token" if s.experts else ""),
         "  memory per GPU (the first pipeline stage):",
     ]
     for label, value in (("parameters", p.params), ("gradients", p.grads),
@@ -92,6 +98,8 @@ def lines(m: Transformer, spec: str, s: MeshSetup, p: MeshPlan, gpu, room: float
     for label, value in (
         (f"compute ({gpu.matmul_efficiency:.4g} of peak)", p.compute_s),
         ("tp collectives (not overlapped)", p.tp_s),
+        *([(CP_LABELS[s.cp_method], p.cp_s)] if p.cp_s else []),
+        *([("ep all-to-alls (not overlapped)", p.ep_s)] if p.ep_s else []),
         ("pipeline bubble", p.bubble_s),
         ("pp messages", p.pp_s),
         (f"dp gradients ({overlap})", p.dp_s),
@@ -118,8 +126,10 @@ def search_text(args: argparse.Namespace, room_gb: float | None) -> tuple[str, b
         raise ConfigError("--search tries every mesh: give --global-batch-size, not --mesh")
     model, gpu = Transformer.parse(args.transformer), gpu_profile(args.gpu)
     room = gpu.memory_bytes if room_gb is None else room_gb * GB
+    experts = getattr(args, "experts", 0)
     found = search(model, args.workers, args.global_batch_size, gpu, room,
-                   getattr(args, "gpus_per_node", None))  # fmt: skip
+                   getattr(args, "gpus_per_node", None), experts,
+                   getattr(args, "top_k", 1) if experts else 1)  # fmt: skip
     best = best_per_mesh(found)
     if not best:
         raise ConfigError(refusal(found, args.workers, gpu, room))
@@ -140,21 +150,24 @@ def search_text(args: argparse.Namespace, room_gb: float | None) -> tuple[str, b
         f"{model.parameters:,} parameters ({args.transformer}), batch {args.global_batch_size}:"
         f" {n_fit} fit in {room / GB:.3f} GB per GPU, {len(found) - n_fit} do not",
         f"  the fastest setup of each mesh ({len(best)} meshes fit; the first {args.top}):",
-        f"  {'rank':>4} {'dp':>5} {'tp':>3} {'pp':>4} {'schedule':>16} {'V':>2} "
+        f"  {'rank':>4} {'dp':>5} {'tp':>3} {'pp':>4} {'cp':>2} {'ep':>3} {'cp by':>7} "
+        f"{'schedule':>16} {'V':>2} "
         f"{'recompute':>9} {'ZeRO':>4} {'micro':>5} {'step s':>10} {'MFU':>7} {'HFU':>7} "
         f"{'GB':>8}",
     ]
     for i, c in enumerate(best[: args.top]):
-        (dp, tp, pp), s, p = c.dims, c.setup, c.plan
+        (dp, tp, pp, cp, ep), s, p = c.dims, c.setup, c.plan
+        method = s.cp_method if cp > 1 else "-"
         out.append(
-            f"  {i + 1:>4} {dp:>5} {tp:>3} {pp:>4} {s.schedule:>16} {s.virtual_stages:>2} "
+            f"  {i + 1:>4} {dp:>5} {tp:>3} {pp:>4} {cp:>2} {ep:>3} {method:>7} "
+            f"{s.schedule:>16} {s.virtual_stages:>2} "
             f"{s.recompute:>9} {s.zero_stage:>4} {c.micro_batch_size:>5} {p.step_s:>10.3f} "
             f"{p.mfu:>7.2%} {p.hfu:>7.2%} {p.memory / GB:>8.3f}"
         )
     out.append(f"  meshes none of whose setups fit ({len(short)}): the least memory of each")
-    for (dp, tp, pp), c in short.items():
+    for c in short.values():
         over = (c.plan.memory - room) / GB
-        out.append(f"    dp={dp},pp={pp},tp={tp}: {c.plan.memory / GB:.3f} GB, {over:.3f} GB over")
+        out.append(f"    {c.setup.mesh}: {c.plan.memory / GB:.3f} GB, {over:.3f} GB over")
     return "\n".join(out), True
 
 

@@ -34,6 +34,17 @@ all-gather: the same bytes; stage 3 gathers the weights again for every micro-ba
 and backward) on the link its group crosses, after the pipeline drains, or hidden behind the
 last micro-batch's backward with ``overlap_grad_reduce``. The optimiser's step moves its
 calibrated bytes per parameter of the GPU's shard through GPU memory.
+
+Context parallelism (``cp=C``) and expert parallelism (``ep=E`` with ``experts`` and
+``top_k``), :mod:`.mesh_parts`: with cp every activation above (the attention scores of a
+member's S/C queries against all S keys too), the tensor- and pipeline-parallel messages, divide
+by C; the model states do not (every member holds the whole weights). The ring's blocks or
+Ulysses' all-to-alls join each micro-batch's time. With experts each block's MLP (8h² + 5h) is
+``experts`` such MLPs, experts/ep of them on a GPU (split over tp as the MLP is), with a router
+of h·experts weights (whole); the MLP's FLOPs per token times k (Narayanan's 24h² per token and
+layer becomes 8h² + 16kh², the router's 2h·experts left out), its inner activations (16sbh/T)
+k times, and the all-to-alls of :mod:`.mesh_parts`. Every dp and ep rank is a data rank: the
+global batch is split over dp × ep. ZeRO shards over dp; ZeRO-3 with cp or ep is not modelled.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from ...runtime.sim.gpus import GPU
 from ...runtime.sim.network import link_of
 from ..mesh.grid import Mesh
 from ..mesh.options import SCHEDULES
+from .mesh_parts import CP_METHODS, context_layer_time, expert_layer_time, group_over
 from .transformer import Transformer
 
 RECOMPUTE = ("none", "selective", "full")
@@ -68,6 +80,9 @@ class MeshSetup:
     zero_stage: int = 0
     overlap_grad_reduce: bool = False
     gpus_per_node: int | None = None
+    cp_method: str = "ring"
+    experts: int = 0
+    top_k: int = 1
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,8 @@ class MeshPlan:
     pp_s: float
     dp_s: float
     optimizer_s: float
+    cp_s: float
+    ep_s: float
     step_s: float
     model_flops: float
     hardware_flops: float
@@ -114,22 +131,25 @@ class MeshPlan:
                 "tflops_per_gpu": self.tflops_per_gpu}  # fmt: skip
 
 
-def model_flops(m: Transformer, batch: int) -> float:
+def model_flops(m: Transformer, batch: int, top_k: int = 1) -> float:
     """Narayanan et al. 2021's FLOPs of a step without recomputation: 72BsLh²(1 + s/(6h) +
-    V/(12Lh)) (forward, and backward twice the forward, the logits included)."""
+    V/(12Lh)) (forward, and backward twice the forward, the logits included); with k experts
+    per token the 1 is (1 + 2k)/3 (the MLP's two thirds of the h² term run k times)."""
     s, h, L, V = m.sequence, m.hidden, m.layers, m.vocabulary
-    return 72 * batch * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    dense = (1 + 2 * top_k) / 3
+    return 72 * batch * s * L * h * h * (dense + s / (6 * h) + V / (12 * L * h))
 
 
-def hardware_flops(m: Transformer, batch: int, recompute: str) -> float:
+def hardware_flops(m: Transformer, batch: int, recompute: str, top_k: int = 1) -> float:
     """The FLOPs the GPUs run: with full recomputation Narayanan et al.'s 96BsLh²(1 + s/(6h) +
     V/(16Lh)) (each layer's forward again), with selective the attention core's forward again
     (4Bs²hL: QKᵀ and the product with V)."""
     s, h, L, V = m.sequence, m.hidden, m.layers, m.vocabulary
     if recompute == "full":
-        return 96 * batch * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        dense = (1 + 2 * top_k) / 3
+        return 96 * batch * s * L * h * h * (dense + s / (6 * h) + V / (16 * L * h))
     extra = 4 * batch * s * s * h * L if recompute == "selective" else 0
-    return model_flops(m, batch) + extra
+    return model_flops(m, batch, top_k) + extra
 
 
 def layer_activation_bytes(m: Transformer, b: int, tp: int, sp: bool, recompute: str) -> float:
@@ -148,16 +168,15 @@ def layer_activation_bytes(m: Transformer, b: int, tp: int, sp: bool, recompute:
 def check(m: Transformer, setup: MeshSetup, workers: int | None) -> Mesh:
     """The mesh, after every check a setup must pass before it is planned (ConfigError)."""
     mesh = Mesh.parse(setup.mesh)
-    dp, tp, pp, cp = (mesh.size(d) for d in ("dp", "tp", "pp", "cp"))
+    dp, tp, pp, cp, ep = (mesh.size(d) for d in ("dp", "tp", "pp", "cp", "ep"))
     where = f"mesh={setup.mesh!r}"
     if workers is not None and mesh.world_size != workers:
         raise ConfigError(
             f"{where}: its product {mesh.world_size} is not --workers {workers} (a worker is a GPU)"
         )
-    if cp > 1:
-        raise ConfigError(f"{where}: the GPU plan does not model context parallelism (cp) yet")
     if m.heads % tp:
         raise ConfigError(f"{where}: tp={tp} does not divide the {m.heads} attention heads")
+    check_cp_ep(m, setup, where, tp, cp, ep)
     if setup.schedule not in SCHEDULES:
         raise ConfigError(f"pipeline schedule {setup.schedule!r}; allowed: {', '.join(SCHEDULES)}")
     v = setup.virtual_stages
@@ -173,13 +192,15 @@ def check(m: Transformer, setup: MeshSetup, workers: int | None) -> Mesh:
     B, micro = setup.global_batch_size, setup.micro_batches
     if micro < 1:
         raise ConfigError(f"--micro-batches {micro} must be a positive count")
+    ranks = f"dp={dp}" if ep == 1 else f"dp × ep = {dp * ep}"
+    dp = dp * ep  # every dp and ep rank is a data rank
     if B < 1 or B % dp:
         raise ConfigError(
-            f"global batch {B} is not a positive multiple of dp={dp} (sequences per replica)"
+            f"global batch {B} is not a positive multiple of {ranks} (sequences per replica)"
         )
     if (B // dp) % micro:
         raise ConfigError(
-            f"global batch {B} over dp={dp} is {B // dp} sequences per replica, which "
+            f"global batch {B} over {ranks} is {B // dp} sequences per replica, which "
             f"--micro-batches {micro} does not divide"
         )
     if v > 1 and micro % pp:
@@ -192,25 +213,54 @@ def check(m: Transformer, setup: MeshSetup, workers: int | None) -> Mesh:
         raise ConfigError(f"--gpus-per-node {setup.gpus_per_node} must be a positive count")
     if setup.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"zero_stage={setup.zero_stage}; allowed: 0, 1, 2, 3")
+    if setup.zero_stage == 3 and cp * ep > 1:
+        raise ConfigError(f"{where}: ZeRO-3 with cp or ep is not modelled; use stage 0, 1 or 2")
     return mesh
+
+
+def check_cp_ep(m: Transformer, setup: MeshSetup, where: str, tp: int, cp: int, ep: int) -> None:
+    """Context and expert parallelism's own checks (ConfigError)."""
+    if setup.cp_method not in CP_METHODS:
+        raise ConfigError(f"--cp-method {setup.cp_method!r}; allowed: {', '.join(CP_METHODS)}")
+    if m.sequence % cp:
+        raise ConfigError(f"{where}: cp={cp} does not divide the sequence of {m.sequence}")
+    if cp > 1 and setup.cp_method == "ulysses" and (m.heads // tp) % cp:
+        raise ConfigError(
+            f"{where}: Ulysses splits the heads over cp: cp={cp} does not divide the "
+            f"{m.heads // tp} heads each tp rank holds"
+        )
+    E, k = setup.experts, setup.top_k
+    if E < 0 or (E and not 1 <= k <= E):
+        raise ConfigError(f"--experts {E} --top-k {k}: experts ≥ 1 with 1 ≤ k ≤ experts")
+    if ep > 1 and not E:
+        raise ConfigError(f"{where}: ep={ep} splits the experts: give --experts N (--top-k K)")
+    if E % ep:
+        raise ConfigError(f"{where}: ep={ep} does not divide the {E} experts")
 
 
 def plan_mesh(m: Transformer, setup: MeshSetup, gpu: GPU, workers: int | None = None) -> MeshPlan:
     """Memory per GPU and step time of ``m`` trained as ``setup`` says on ``gpu``s (module
     docstring)."""
     mesh = check(m, setup, workers)
-    dp, tp, pp = (mesh.size(d) for d in ("dp", "tp", "pp"))
+    dp, tp, pp, cp, ep = (mesh.size(d) for d in ("dp", "tp", "pp", "cp", "ep"))
     n, v, micro = mesh.world_size, setup.virtual_stages, setup.micro_batches
-    b = setup.global_batch_size // (dp * micro)  # sequences per micro-batch
+    b = setup.global_batch_size // (dp * ep * micro)  # sequences per micro-batch
     s, h, L, V = m.sequence, m.hidden, m.layers, m.vocabulary
+    E, k = setup.experts, setup.top_k if setup.experts else 1
     # -- memory: the first stage's shard of the model states, then its activations
     block = (12 * h * h + 7 * h) / tp + 6 * h
-    psi = L // pp * block + (V * h) / tp + s * h
+    expert_psi = 0.0  # the experts' parameters on this GPU
+    if E:  # attention's, the norms', the router's; experts/ep MLPs
+        expert_psi = L // pp * E // ep * ((8 * h * h + 4 * h) / tp + h)
+        block = (4 * h * h + 3 * h) / tp + 5 * h + h * E
+    psi = L // pp * block + expert_psi + (V * h) / tp + s * h
     shard = {0: (1, 1, 1), 1: (1, 1, dp), 2: (1, dp, dp), 3: (dp, dp, dp)}[setup.zero_stage]
     params, grads = BYTES * psi / shard[0], BYTES * psi / shard[1]
     optim = OPTIMISER_K * psi / shard[2]
     sp, rc = setup.sequence_parallel and tp > 1, setup.recompute
-    per_layer = layer_activation_bytes(m, b, tp, sp, rc)
+    per_layer = layer_activation_bytes(m, b, tp, sp, rc) / cp
+    if E and rc != "full":  # the experts' inner activations k times
+        per_layer += (k - 1) * 16 * s * b * h / tp / cp
     if pp == 1:  # micro-batches one after another: one micro-batch's L layers at a time
         in_flight = float(L)
     else:  # layers' worth of one micro-batch's activations the first stage holds
@@ -222,28 +272,42 @@ def plan_mesh(m: Transformer, setup: MeshSetup, gpu: GPU, workers: int | None = 
         }[setup.schedule]
     activations = per_layer * in_flight
     if rc == "full":  # the layer run again holds its whole activations
-        activations += layer_activation_bytes(m, b, tp, sp, "none")
+        activations += layer_activation_bytes(m, b, tp, sp, "none") / cp
     if pp == 1:
-        activations += 4 * s * b * h * (1 + V / h) / tp
+        activations += 4 * s * b * h * (1 + V / h) / tp / cp
     # -- time: compute, tensor parallelism's collectives, the bubble, messages, gradients
     net, nodes = gpu.network, setup.gpus_per_node or gpu.gpus_per_node
-    hw, mf = hardware_flops(m, setup.global_batch_size, rc), model_flops(m, setup.global_batch_size)
+    B = setup.global_batch_size
+    hw, mf = hardware_flops(m, B, rc, k), model_flops(m, B, k)
     compute_mb = hw / (n * micro) / gpu.achieved_flops  # one micro-batch on one stage
     tp_link = link_of(net, nodes, mesh.group_of(0, "tp"))
     per_layer_collectives = 6 if rc == "full" else 4
-    tp_mb = L / pp * per_layer_collectives * allreduce_time(BYTES * s * b * h, tp, tp_link)
+    tp_mb = L / pp * per_layer_collectives * allreduce_time(BYTES * s * b * h / cp, tp, tp_link)
+    attention_s = 12 * b * s * s * h / (cp * tp) / gpu.achieved_flops  # the ring hides behind
+    cp_link = link_of(net, nodes, mesh.group_of(0, "cp"))
+    cp_mb = L / pp * context_layer_time(setup.cp_method, b, m.heads // tp, s, cp, h // m.heads,
+                                        BYTES, cp_link, attention_s, rc == "full")  # fmt: skip
+    ep_mb = 0.0
+    if ep > 1:
+        tokens = b * s * k // cp // (tp if sp else 1)
+        ep_link = link_of(net, nodes, mesh.group_of(0, "ep"))
+        ep_mb = L / pp * expert_layer_time(tokens, h, ep, BYTES, ep_link, rc == "full")
     bubble_factor = (pp - 1) / (3 if setup.schedule == "zb-h1" else v)
-    compute_s, tp_s = micro * compute_mb, micro * tp_mb
-    bubble_s = bubble_factor * (compute_mb + tp_mb)
+    compute_s, tp_s, cp_s, ep_s = micro * compute_mb, micro * tp_mb, micro * cp_mb, micro * ep_mb
+    bubble_s = bubble_factor * (compute_mb + tp_mb + cp_mb + ep_mb)
     pp_s = 0.0
     if pp > 1:
         pp_group = mesh.group_of(0, "pp")
         pp_link = link_of(net, nodes, pp_group[:2])
         messages = 2 * (micro * v + pp - 1)
-        pp_s = messages * pp_link.message_time(BYTES * s * b * h / tp)
-    dp_link = link_of(net, nodes, mesh.group_of(0, "dp"))
+        pp_s = messages * pp_link.message_time(BYTES * s * b * h / tp / cp)
+    data = group_over(mesh, 0, ("dp", "cp", "ep"))  # the non-expert weights' gradients
+    dp_link = link_of(net, nodes, data)
     grad_bytes = BYTES * psi
-    dp_s = allreduce_time(grad_bytes, dp, dp_link)
+    dp_s = allreduce_time(BYTES * (psi - expert_psi), len(data), dp_link)
+    if expert_psi:  # the experts' over dp × cp
+        replicas = group_over(mesh, 0, ("dp", "cp"))
+        dp_s += allreduce_time(BYTES * expert_psi, len(replicas), link_of(net, nodes, replicas))
     if setup.zero_stage == 3:  # the weights gathered for every micro-batch's forward, backward
         dp_s = reduce_scatter_time(grad_bytes, dp, dp_link) + 2 * micro * allgather_time(
             grad_bytes / dp, dp, dp_link
@@ -251,11 +315,12 @@ def plan_mesh(m: Transformer, setup: MeshSetup, gpu: GPU, workers: int | None = 
     if setup.overlap_grad_reduce:  # behind the last micro-batch's backward (2/3 of its work)
         dp_s = max(0.0, dp_s - compute_mb * 2 / 3)
     optimizer_s = gpu.optimizer_bytes_per_parameter * psi / shard[2] / gpu.memory_bandwidth_Bps
-    step = compute_s + tp_s + bubble_s + pp_s + dp_s + optimizer_s
+    step = compute_s + tp_s + cp_s + ep_s + bubble_s + pp_s + dp_s + optimizer_s
     return MeshPlan(
         params=params, grads=grads, optim=optim, activations=activations,
         compute_s=compute_s, tp_s=tp_s, bubble_s=bubble_s, pp_s=pp_s, dp_s=dp_s,
-        optimizer_s=optimizer_s, step_s=step, model_flops=mf, hardware_flops=hw, workers=n,
+        optimizer_s=optimizer_s, cp_s=cp_s, ep_s=ep_s, step_s=step, model_flops=mf,
+        hardware_flops=hw, workers=n,
         peak_flops=gpu.peak_flops,
     )  # fmt: skip
 

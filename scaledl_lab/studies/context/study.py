@@ -26,6 +26,7 @@ from ...experiment import run
 from ...runtime.sim.cost import DEVICES, ComputeProfile, CostModel, NetworkProfile
 from ...runtime.sim.network import NETWORKS
 from ...runtime.sim.scheduler import SimWorld
+from ...strategies.memory.mesh_parts import ring_bytes, ulysses_bytes
 from ...strategies.mesh.context import (
     Split,
     attention,
@@ -75,22 +76,6 @@ def memory_table(cps: Sequence[int] = (1, 2, 4), methods: Sequence[str] = METHOD
         whole = table.groupby("method")[part].transform(lambda s: s.iloc[0])
         table[f"{part}_times_c"] = table[part] * table["cp"] / whole
     return table
-
-
-def ring_bytes(batch: int, heads: int, sequence: int, members: int, d: int, size: int) -> int:
-    """Bytes one member of ring attention sends in a forward and a backward: C − 1 key/value
-    blocks forward; backward the C − 1 blocks again and C travelling (dK, dV), each block
-    2·B·H·(S/C)·d elements."""
-    block = 2 * batch * heads * (sequence // members) * d * size
-    return (members - 1 + 2 * members - 1) * block if members > 1 else 0
-
-
-def ulysses_bytes(batch: int, heads: int, sequence: int, members: int, d: int, size: int) -> int:
-    """Bytes one member of Ulysses sends in a forward and a backward: four all-to-alls of
-    B·H·(S/C)·d (Q, K, V stacked as three, the output as one) forward and four backward, each
-    member keeping 1/C of each (:func:`~scaledl_lab.runtime.collectives.all_to_all_bytes`)."""
-    mine = batch * heads * (sequence // members) * d * size
-    return 8 * mine * (members - 1) // members
 
 
 def attention_run(
