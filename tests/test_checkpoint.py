@@ -48,7 +48,9 @@ def test_one_epoch_resumed_to_two_equals_a_two_epoch_run(strategy, tmp_path):
     take time: barriers and a call), uninterrupted. Not the servers' summary rows: each run
     reports the calls its servers answered."""
     options = {**BASE, **RESUMABLE[strategy]}
-    cfg = ExperimentConfig(strategy=strategy, workers=4, checkpoint_every=2, **options)
+    # Every 6 steps: DiLoCo's checkpoints fall both inside its period (steps 6, 18) and at its
+    # end (12); each straight epoch takes three.
+    cfg = ExperimentConfig(strategy=strategy, workers=4, checkpoint_every=6, **options)
     run(cfg, out=tmp_path / "resumed", progress=False)
     assert latest_step(tmp_path / "resumed") == total_steps(cfg) == 18
     resumed = resume(tmp_path / "resumed", epochs=2, progress=False, log=None)

@@ -146,17 +146,18 @@ def test_accumulate_on_two_workers_equals_the_twin():
     ],
 )
 def test_scheduled_runs_equal_the_twin(changes):
-    # 2400 samples, 2 workers × 16: 75 steps per epoch (37 from epoch 1 with the batch ×2).
+    # 640 samples, 2 workers × 16: 20 steps per epoch (10 from epoch 1 with the batch ×2); the
+    # warm-up 5 steps, a step decay every 10.
     cfg = ExperimentConfig(
         strategy="allreduce",
         workers=2,
-        **{**SIM64, "batch_size": 16, "epochs": 2, "max_steps": None},
+        **{**SIM64, "train_subset": 640, "batch_size": 16, "epochs": 2, "max_steps": None},
         **changes,
     )
     res = run(cfg, progress=False, log=None)
     assert max_diff(res.state_dict(), train_sequential(cfg, load_for(cfg))) < 1e-10
     train = res.frame[(res.frame.kind == "train") & (res.frame["rank"] == 0)]
-    plan = StepPlan.build(cfg, 1200)
+    plan = StepPlan.build(cfg, 320)
     assert train["lr"].tolist() == [plan.lr(s) for s in range(plan.total_steps)]
     assert train["effective_batch_size"].tolist() == [
         plan.effective_batch(s) for s in range(plan.total_steps)

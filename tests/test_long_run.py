@@ -132,12 +132,22 @@ def test_two_processes_give_the_numbers_of_one(tmp_path):
     ).exists()
 
 
-def test_a_tiny_long_run_writes_its_table_bands_and_verdicts(tmp_path, monkeypatch):
-    monkeypatch.setattr(long_run, "_sim_methods", _tiny_methods)
-    long_run.reproduce_long(
-        out=tmp_path, setting=TINY, seeds=(0, 1), lr_factors=(1.0, 3.0), tune_epochs=1,
-        jobs=1, progress=False,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def tiny_long_run(tmp_path_factory):
+    """One tiny long comparison (allreduce and the torus, two seeds, two rates), shared by the
+    tests that read its folder: the report's and the rewritten report's."""
+    out = tmp_path_factory.mktemp("long") / "runs"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(long_run, "_sim_methods", _tiny_methods)
+        long_run.reproduce_long(
+            out=out, setting=TINY, seeds=(0, 1), lr_factors=(1.0, 3.0), tune_epochs=1,
+            jobs=1, progress=False,
+        )  # fmt: skip
+    return out
+
+
+def test_a_tiny_long_run_writes_its_table_bands_and_verdicts(tiny_long_run):
+    tmp_path = tiny_long_run
     tuning = pd.read_csv(tmp_path / "tuning.csv")
     assert len(tuning) == 2 * 2  # two methods × two rates
     table = pd.read_csv(tmp_path / "comparison.csv")
@@ -170,18 +180,17 @@ def _tiny_methods(setting):
     ]
 
 
-def test_a_report_is_rewritten_from_a_finished_run_without_repeating_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(long_run, "_sim_methods", _tiny_methods)
-    long_run.reproduce_long(
-        out=tmp_path / "runs", setting=TINY, seeds=(0,), lr_factors=(1.0, 3.0), tune_epochs=1,
-        jobs=1, progress=False,
-    )  # fmt: skip
+def test_a_report_is_rewritten_from_a_finished_run_without_repeating_it(
+    tiny_long_run, tmp_path, monkeypatch
+):
+    runs = tiny_long_run
+    before = pd.read_csv(runs / "comparison.csv")
+    summary = (runs / "summary.md").read_text()
     monkeypatch.setattr(long_run, "compare_side_by_side", None)  # nothing may run again
-    long_run.rewrite_report(tmp_path / "runs", tmp_path / "again", tune_epochs=1)
-    before = pd.read_csv(tmp_path / "runs" / "comparison.csv")
+    long_run.rewrite_report(runs, tmp_path / "again", tune_epochs=1)
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "comparison.csv"), before)
     again = (tmp_path / "again" / "summary.md").read_text()
-    assert again == (tmp_path / "runs" / "summary.md").read_text()
+    assert again == summary
     assert (tmp_path / "again" / "tuning.csv").is_file()
 
 

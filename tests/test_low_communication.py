@@ -284,10 +284,12 @@ def test_a_lost_worker_drops_out_of_the_next_outer_average(options):
 
 
 def test_diloco_resumed_from_a_checkpoint_equals_a_straight_run(tmp_path):
+    # 9 steps an epoch (1152 samples, 4 workers × 32): the checkpoint at its end falls inside
+    # the second outer round (steps 8-14), after the outer momentum's first update.
     base = {k: v for k, v in BASE.items() if k != "max_steps"}
     cfg = ExperimentConfig(
         strategy="diloco", runtime="sim", sync_period=7, checkpoint_every="1epochs",
-        **{**base, "workers": 4, "optimizer": "adamw", "lr": 1e-3},
+        **{**base, "train_subset": 1152, "workers": 4, "optimizer": "adamw", "lr": 1e-3},
     )  # fmt: skip
     run(cfg, out=tmp_path, progress=False)
     assert latest_step(tmp_path) is not None
