@@ -16,6 +16,7 @@ from scaledl_lab.runtime.sim.gpus import gpu_profile
 from scaledl_lab.strategies.memory.mesh_parts import ring_bytes, ulysses_bytes
 from scaledl_lab.strategies.memory.mesh_plan import (
     MeshSetup,
+    fits,
     hardware_flops,
     model_flops,
     plan_mesh,
@@ -157,3 +158,27 @@ def test_search_tries_cp_and_ep_when_the_model_has_experts(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "cp  ep   cp by" in out
+
+
+def test_a_sequence_one_node_cannot_hold_fits_with_cp():
+    """Llama 3 8B's shape (32 layers of 4096, 32 heads, a 128,256-token vocabulary) at 131,072
+    tokens, one sequence a step on H100s, TP 8 with sequence parallelism and selective
+    recomputation: one node's eight GPUs cannot hold its activations, two nodes' with cp = 2
+    can; what cp divides is the activations, by C, never the model states."""
+    h100 = gpu_profile("h100")
+    llama = Transformer(32, 4096, 32, 131_072, 128_256)
+
+    def planned(mesh: str):
+        return plan_mesh(llama, MeshSetup(mesh, 1, recompute="selective",
+                                          sequence_parallel=True), h100)  # fmt: skip
+
+    alone, two, sixteen = planned("tp=8"), planned("tp=8,cp=2"), planned("tp=8,cp=16")
+    assert not fits(alone, h100) and alone.memory > h100.memory_bytes
+    assert fits(two, h100) and fits(sixteen, h100)
+    assert two.activations == pytest.approx(alone.activations / 2)
+    assert sixteen.activations == pytest.approx(alone.activations / 16)
+    assert (sixteen.params, sixteen.grads, sixteen.optim) == (
+        alone.params,
+        alone.grads,
+        alone.optim,
+    )
