@@ -5,10 +5,14 @@ max m and sum l: a new block rescales what came before by exp(m_old − m_new)).
 
 The backward is FlashAttention's, by blocks: with the forward's log-sum-exp, each block's
 probabilities are exp(s − lse) again; the query's gradient stays, and each key/value block's
-gradient travels round the ring after its block, gathering every member's share, until it comes
-home. Each step sends the next block before attending to this one, so the transfer hides behind
-the block's attention where that takes longer. The causal mask between any two members' pieces
-comes from their positions (:class:`.context.Split`); a block wholly in the future is skipped.
+gradient travels round the ring behind its block, gathering every member's share, until it
+comes home. Each step of either pass posts its exchanges before attending to the block it holds
+(the forward: the next block; the backward: the next block, and the held block's dK/dV from the
+members before, wanted only once this member's share is added), so the transfers hide behind
+the block's attention where that takes longer; the backward sends each sum on once it has it.
+What nothing hides: the last hop of dK/dV home, after the last block's work. The causal mask
+between any two members' pieces comes from their positions (:class:`.context.Split`); a block
+wholly in the future is skipped.
 """
 
 from __future__ import annotations
@@ -103,12 +107,14 @@ async def ring_backward(
     delta = (grad * saved["out"]).sum(-1)  # D = rowsum(dO ∘ O)
     dq = torch.zeros_like(q)
     block = torch.stack([saved["k"], saved["v"]])
-    travelling: torch.Tensor | None = None  # the held block's (dK, dV) from members before
-    pending_grad: Any = None
+    sent_grad: Any = None
     for t in range(c):
-        if t < c - 1:  # receives in the order the neighbour sends: the block, then its grads
-            incoming = comm.irecv(torch.empty_like(block), (me - 1) % c)
+        # Posted before this block's gradients, in the order the neighbour sends: the held
+        # block's (dK, dV) so far (sent after its last block's work), then the next block.
+        if t > 0:
             incoming_grad = comm.irecv(torch.empty_like(block), (me - 1) % c)
+        if t < c - 1:
+            incoming = comm.irecv(torch.empty_like(block), (me - 1) % c)
             sent = comm.isend(block, (me + 1) % c)
         mask, n, skip = _block(split, me, (me - t) % c, causal)
         mine = torch.zeros_like(block)
@@ -119,16 +125,17 @@ async def ring_backward(
                 ds = p * (grad @ block[1].transpose(-2, -1) - delta[..., None])
                 dq += ds @ block[0] * scale
                 mine[0] = ds.transpose(-2, -1) @ q * scale
-        travelling = mine if travelling is None else travelling + mine
         if c == 1:
-            return dq, travelling[0], travelling[1]
-        if pending_grad is not None:
-            await pending_grad.wait()
-        pending_grad = comm.isend(travelling, (me + 1) % c)  # on to the next member
+            return dq, mine[0], mine[1]
+        # The earlier members' shares arrived during this block's work; with mine added they
+        # go on to the next member (after the last block: the hop home, which nothing hides).
+        done = mine if t == 0 else await incoming_grad.wait() + mine
+        if sent_grad is not None:
+            await sent_grad.wait()
+        sent_grad = comm.isend(done, (me + 1) % c)
         if t < c - 1:
             await sent.wait()
             block = await incoming.wait()
-            travelling = await incoming_grad.wait()
     home = await comm.irecv(torch.empty_like(block), (me - 1) % c).wait()  # my block's, whole
-    await pending_grad.wait()
+    await sent_grad.wait()
     return dq, home[0], home[1]

@@ -79,26 +79,32 @@ def overlap_claim(overlap: pd.DataFrame) -> Claim:
 
 
 def backward_overlap_claim(overlap: pd.DataFrame) -> Claim:
-    """Supported if the simulated backward takes no longer on the link than on a free one
-    (within 1%) wherever the forward's rule holds (a backward block computes twice the scores
-    and sends twice the bytes: the same ratio)."""
+    """The forward's rule for the backward (a backward block computes twice the scores and
+    sends twice the bytes: the same ratio), less the last hop of dK/dV home that nothing can
+    hide: supported if the simulated backward takes within 1% of the free link's time plus
+    one transfer exactly where compute(block) >= transfer(block)."""
+    hidden = overlap["backward_beyond_home"] <= 0.01
+    agrees = bool((hidden == overlap["hidden_by_rule"]).all())
     rows = overlap[overlap["hidden_by_rule"]]
-    worst = float(rows["backward_exposed"].max()) if len(rows) else 0.0
-    shown = ", ".join(f"S/C={r.per_member} on {r.link} {r.backward_exposed:.2f}"
+    shown = ", ".join(f"S/C={r.per_member} on {r.link} {r.backward_exposed:.3f}"
                       for r in rows.itertuples())  # fmt: skip
+    worst = float(rows["backward_beyond_home"].abs().max()) if len(rows) else 0.0
     return Claim(
         key="ring-overlap-backward",
         claim="Ring attention's backward hides its transfers when a block's attention takes "
-        "longer than sending the block",
-        source=LIU, in_our_words=True, verdict=mark(len(rows) > 0 and worst <= 0.01),
-        reason="the lab's ring sends each block's key/value gradients on to the next member "
-        "only after the block's attention, and waits for its neighbour's before the next "
-        "block, so that transfer is never hidden (nor the last hop home): where the forward "
-        f"hid every transfer, the backward took longer than on a free link by {shown} of its "
-        "free-link time; a choice of the lab's ring, not of the method",
-        figures={"worst_exposed_where_hidden": worst},
-        test="backward time within 1% of the free link's wherever compute(block) >= "
-        "transfer(block)",
+        "longer than sending the block, all but the last hop of the key/value gradients home",
+        source=LIU, in_our_words=True, verdict=mark(len(rows) > 0 and agrees),
+        reason="the lab's ring posts the next block's exchange and the receive of the held "
+        "block's key/value gradients before the block's attention, and sends their sum on as "
+        "soon as it has it; the last hop home comes after the last block's work, so nothing "
+        f"hides it: where compute(block) >= transfer(block), the backward took longer than on "
+        f"a free link by {shown} of its free-link time, and within {worst:.1e} of the free "
+        "link's time plus that one transfer; elsewhere more than 1% over it",
+        figures={"worst_beyond_home_where_hidden": worst,
+                 "worst_exposed_where_hidden": float(rows["backward_exposed"].max())
+                 if len(rows) else 0.0},  # fmt: skip
+        test="backward time within 1% of the free link's plus one transfer (the last hop "
+        "home) iff compute(block) >= transfer(block)",
     )  # fmt: skip
 
 

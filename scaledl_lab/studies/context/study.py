@@ -190,8 +190,9 @@ def overlap_table(
     free one; the off-diagonal block's compute and transfer (:func:`step_costs`), and the
     forward's time if the transfers overlap the blocks (each of the C − 1 steps that send takes
     the longer of its block and the transfer) and if none did (serial: the blocks, then the
-    transfers). The backward timed too, on the link and on the free one (``backward_*``): it
-    sends each block's key/value gradients on after the block's attention."""
+    transfers). The backward timed too, on the link and on the free one (``backward_*``), and
+    against the free link's time plus one transfer (``backward_beyond_home``): the last hop of
+    the key/value gradients home, which no block's work is left to hide."""
     compute = ComputeProfile(f"{DEVICE}:attention", 0.0, 4 * d / DEVICES[DEVICE])
     rows = []
     for n in per_member:
@@ -217,4 +218,6 @@ def overlap_table(
     table = pd.DataFrame(rows)
     table["exposed"] = table["measured_s"] / table["free_s"] - 1
     table["backward_exposed"] = table["backward_measured_s"] / table["backward_free_s"] - 1
+    home = table["backward_free_s"] + table["transfer_block_s"]
+    table["backward_beyond_home"] = table["backward_measured_s"] / home - 1
     return table
