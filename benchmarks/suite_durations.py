@@ -36,7 +36,11 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(.+?)\s*$")
-WALL = re.compile(r"=+ (.*) in ([\d.]+)s")
+WALL = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([\d.]+)s")
+# The CPU seconds of every process of the run, forked Dask workers and pools included (which
+# /usr/bin/time's user and sys leave out: they are not the test process's children), read from
+# a cgroup's cpuacct.usage around the command and appended to its log as this line.
+CPU = re.compile(r"cgroup_cpu_s ([\d.]+)")
 KINDS = [
     "notebook cells",
     "real Dask runs",
@@ -51,7 +55,7 @@ WAITS = re.compile(r"time\.sleep|timeout|deadlock|dead_worker|\bdead\b|kill", re
 
 def parse_log(path: Path) -> tuple[pd.DataFrame, float | None, str]:
     """The durations table of one pytest log, its wall time and its closing counts."""
-    rows, wall, counts, inside = [], None, "", False
+    rows, wall, counts, inside, cpu = [], None, "", False, None
     for line in path.read_text(errors="replace").splitlines():
         if "slowest durations" in line:
             inside = True
@@ -62,8 +66,11 @@ def parse_log(path: Path) -> tuple[pd.DataFrame, float | None, str]:
         w = WALL.search(line)
         if w and ("passed" in w[1] or "failed" in w[1]):
             wall, counts = float(w[2]), w[1]
+        if c := CPU.search(line):
+            cpu = float(c[1])
     frame = pd.DataFrame(rows, columns=["seconds", "phase", "test"])
     frame["file"] = frame.test.str.split("::").str[0]
+    frame.attrs["cpu"] = cpu
     return frame, wall, counts
 
 
@@ -73,9 +80,17 @@ def parse_table(path: Path) -> tuple[pd.DataFrame, float | None, str]:
     ``NAME.counts.txt``, where they were kept."""
     frame = pd.read_csv(path)
     timing = path.with_suffix(".time.txt")
-    wall = None
-    if timing.is_file() and (m := re.search(r"wall ([\d.]+)", timing.read_text())):
+    wall, text = None, timing.read_text() if timing.is_file() else ""
+    if m := re.search(r"wall ([\d.]+)", text):
         wall = float(m[1])
+    elif m := re.search(r"real\s+(\d+)m([\d.]+)s", text):  # bash's `time`
+        wall = 60 * float(m[1]) + float(m[2])
+    if c := CPU.search(text):  # else user + sys: every process's, where the workers spawned
+        frame.attrs["cpu"] = float(c[1])
+    elif m := re.search(r"user ([\d.]+) sys ([\d.]+)", text):
+        frame.attrs["cpu"] = float(m[1]) + float(m[2])
+    elif m := re.search(r"user\s+(\d+)m([\d.]+)s\s+sys\s+(\d+)m([\d.]+)s", text):
+        frame.attrs["cpu"] = 60 * float(m[1]) + float(m[2]) + 60 * float(m[3]) + float(m[4])
     counts = path.with_suffix(".counts.txt")
     return frame, wall, counts.read_text().strip() if counts.is_file() else "?"
 
@@ -135,13 +150,18 @@ def report(runs: dict[str, tuple[pd.DataFrame, float | None, str]], top: int = 2
         "",
     ]
     lines += [
-        "| run | closing line | wall time | summed test time | test phases timed (≥ 5 ms) |",
-        "|---|---|---:|---:|---:|",
+        "| run | closing line | wall time | CPU time, all processes | summed test time "
+        "| test phases timed (≥ 5 ms) |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for name, (frame, wall, counts) in runs.items():
         n = frame[frame.phase == "call"].shape[0]
         wall_text = f"{wall:.0f} s ({wall / 60:.1f} min)" if wall else "?"
-        lines.append(f"| {name} | {counts} | {wall_text} | {frame.seconds.sum():.0f} s | {n} |")
+        cpu = frame.attrs.get("cpu")
+        cpu_text = "?" if cpu is None else f"{cpu:.0f} s"
+        lines.append(
+            f"| {name} | {counts} | {wall_text} | {cpu_text} | {frame.seconds.sum():.0f} s | {n} |"
+        )
     lines += ["", "## By what the tests wait on (summed seconds, share of the summed time)", ""]
     lines += ["| kind | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for kind in KINDS:
@@ -151,16 +171,16 @@ def report(runs: dict[str, tuple[pd.DataFrame, float | None, str]], top: int = 2
             s = frame.loc[frame.kind == kind, "seconds"].sum()
             cells.append(f"{s:.0f} s ({s / frame.seconds.sum():.0%})")
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
-    lines += ["", f"## By file: the {top} costliest of the first run (summed seconds)", ""]
+    lines += ["", f"## By file: the {top} costliest of the last run (summed seconds)", ""]
     lines += ["| file | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     by_file = {n: runs[n][0].groupby("file").seconds.sum() for n in names}
-    first = by_file[names[0]].sort_values(ascending=False)
-    for file in first.index[:top]:
+    last = by_file[names[-1]].sort_values(ascending=False)
+    for file in last.index[:top]:
         cells = [f"{by_file[n].get(file, float('nan')):.1f}" for n in names]
         lines.append(f"| {file} | " + " | ".join(cells) + " |")
-    lines += ["", f"## The {top} costliest test phases of the first run", ""]
+    lines += ["", f"## The {top} costliest test phases of the last run", ""]
     lines += ["| seconds | phase | test | kind |", "|---:|---|---|---|"]
-    head = runs[names[0]][0].sort_values("seconds", ascending=False).head(top)
+    head = runs[names[-1]][0].sort_values("seconds", ascending=False).head(top)
     for row in head.itertuples():
         lines.append(f"| {row.seconds:.1f} | {row.phase} | `{row.test}` | {row.kind} |")
     return "\n".join(lines) + "\n"
