@@ -178,9 +178,10 @@ def lab(tmp_path: Path, artefacts: Path) -> Iterator[tuple[str, str]]:
                 _api(base, token, f"/api/kernels/{kernel['id']}", method="DELETE")
         except OSError:
             pass
-        server.send_signal(signal.SIGINT)  # twice: JupyterLab asks for confirmation on one
-        time.sleep(0.5)
-        server.send_signal(signal.SIGINT)
+        try:  # the server's own shutdown: SIGINT asks for a confirmation it never gets here
+            _api(base, token, "/api/shutdown", method="POST")
+        except OSError:
+            server.send_signal(signal.SIGTERM)
         try:
             server.wait(30)
         except subprocess.TimeoutExpired:
