@@ -51,7 +51,11 @@ def _run_one(cfg: Any, out: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    compare([cfg], out=out, progress=False, log=None, weights=False)  # the table is read back
+    # Only the table goes back (written as a results folder writes it, read back by the
+    # parent): figures, summary and weights of one run would be thrown away.
+    frame = compare([cfg], progress=False, log=None, weights=False).frame
+    Path(out).mkdir(parents=True)
+    frame.to_csv(Path(out) / "metrics.csv", index=False)
     _let_go()  # the next run starts from what this process needs, not this run's peak
 
 
