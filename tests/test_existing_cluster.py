@@ -9,9 +9,11 @@ certificate made here) and the CLI reaches it with `--tls-ca-file --tls-cert --t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from scaledl_lab.runtime.dask.cluster import connect, live_workers
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ("127.0.0.2", "127.0.0.3")
 START_S = 60  # a loaded CI machine may take this long to start three Python processes
+STOP_S = 3  # then the teardown kills what is left
 
 
 def _can_bind(host: str) -> bool:
@@ -103,7 +106,14 @@ class Cluster:
         log = (self.tmp / f"{name}.log").open("w")
         self.logs.append(log)
         self.procs.append(
-            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=self.tmp)
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                cwd=self.tmp,
+                start_new_session=True,  # its group: a worker's nanny and its process end together
+            )
         )
 
     def log(self, name: str) -> str:
@@ -124,14 +134,19 @@ class Cluster:
         return {str(w["name"]): a for a, w in info.items()}
 
     def close(self) -> None:
+        """Stop every process; what has not exited within a few seconds of SIGTERM (a nanny
+        closing its worker gracefully, a scheduler saying goodbye) is killed with its group."""
         for p in reversed(self.procs):
             p.terminate()
+        deadline = time.monotonic() + STOP_S
         for p in self.procs:
             try:
-                p.wait(timeout=15)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
         for log in self.logs:
             log.close()
 
