@@ -28,6 +28,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         ) from None
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n``, each test process and what it starts (notebook kernels, commands) computes
+    on its share of the cores: one thread each when there are as many processes as cores.
+    With two processes of torch's default two threads on two cores, OpenMP's threads wait for
+    each other's core, spinning: tests/test_gpt.py and test_recompute.py took 72 CPU-s that way
+    and 53 with one thread each (the Dask workers and simulated runs already use one)."""
+    processes = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not processes:
+        return
+    import torch
+
+    threads = max(1, _cores() // int(processes))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)  # children read it as they start
+    torch.set_num_threads(threads)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run the tests marked slow")
 
@@ -44,7 +66,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     own two-worker LocalCluster and, for a notebook, a kernel: about 3 GB at their peak)."""
     import psutil
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = _cores()
     by_memory = int(psutil.virtual_memory().available / 2**30 // GB_PER_PROCESS)
     return max(1, min(cores or 1, by_memory))
 
