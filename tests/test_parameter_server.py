@@ -299,7 +299,7 @@ def _kill_when_training(client, victim):
 
 
 LONG = dict(
-    model="mlp", train_subset=6000, test_subset=500, val_size=500, batch_size=16, epochs=1,
+    model="mlp", train_subset=8000, test_subset=500, val_size=500, batch_size=16, epochs=1,
     momentum=0.0, timeout_s=20,
 )  # fmt: skip
 
