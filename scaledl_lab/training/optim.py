@@ -174,6 +174,6 @@ class AdamW(Optimizer):
                 m.lerp_(p.grad, 1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 step_size = lr / (1 - beta1**t)
-                denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
+                denom = v.sqrt().div_(math.sqrt(1 - beta2**t)).add_(group["eps"])
                 p.addcdiv_(m, denom, value=-step_size)
         return loss

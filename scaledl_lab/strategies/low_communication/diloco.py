@@ -25,7 +25,7 @@ import copy
 
 from torch import nn
 
-from ...training.snapshots import Closing, save_if_due, start_or_resume
+from ...training.snapshots import Closing, is_due, save_if_due, start_or_resume
 from ...training.worker import WorkerContext, lr_of
 from ..decentralised.replicas import local_gradient
 from ..registry import register
@@ -86,8 +86,9 @@ async def train(ctx: WorkerContext) -> None:
         # model; a checkpoint there keeps the state, clock and bytes before it, which a longer
         # run goes on from.
         closing = step >= ctx.total_steps and step % cfg.sync_period != 0
+        due = is_due(ctx, step)  # the state is copied only for a checkpoint (θ is the model's size)
         kept = None
-        if closing:
+        if closing and due:
             before = Closing(comm.clock_state(), comm.bytes_sent - sent_before)
             kept = (copy.deepcopy(model), block.state_dict(), before)
         if step % cfg.sync_period == 0 or closing:
@@ -96,6 +97,7 @@ async def train(ctx: WorkerContext) -> None:
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await evaluate_global(ctx, view, [block], step)
-        saved, state, before = kept or (model, block.state_dict(), None)
-        await save_if_due(ctx, step, saved, inner, extra={"global": state}, closing=before)
+        if due:
+            saved, state, before = kept or (model, block.state_dict(), None)
+            await save_if_due(ctx, step, saved, inner, extra={"global": state}, closing=before)
     finish(ctx, model)
