@@ -46,7 +46,7 @@ def cases() -> dict[str, list]:
 
     nb03 = ExperimentConfig(
         runtime="sim", workers=16, dataset="fashion-mnist", model="mlp", batch_size=32,
-        lr=0.05, momentum=0.0, epochs=6, val_size=500, test_subset=1000, train_subset=6144,
+        lr=0.05, momentum=0.0, epochs=6, val_size=500, test_subset=1000, train_subset=3072,
     )  # fmt: skip
     pair = nb03.replace(workers=8, epochs=1, train_subset=8192, val_size=0, test_subset=1000)
     nb04 = ExperimentConfig(
