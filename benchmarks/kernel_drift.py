@@ -46,16 +46,16 @@ def cases() -> dict[str, list]:
 
     nb03 = ExperimentConfig(
         runtime="sim", workers=16, dataset="fashion-mnist", model="mlp", batch_size=32,
-        lr=0.05, momentum=0.0, epochs=6, val_size=500, test_subset=1000, train_subset=6144,
+        lr=0.05, momentum=0.0, epochs=6, val_size=500, test_subset=1000, train_subset=3072,
     )  # fmt: skip
     pair = nb03.replace(workers=8, epochs=1, train_subset=8192, val_size=0, test_subset=1000)
     nb04 = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=16, dataset="fashion-mnist", model="mlp",
         optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=32, epochs=4,
         val_size=500,
-        train_subset=4096, test_subset=500,
+        train_subset=2048, test_subset=500,
     )  # fmt: skip
-    loose = nb04.replace(workers=8, epochs=2)
+    loose = nb04.replace(workers=8, epochs=2, train_subset=4096)
     paper = nb04.replace(**NNT_ADAGRAD.settings)  # NNT as the paper ran it
     return {
         "03 §3": [
