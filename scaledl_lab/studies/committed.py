@@ -26,6 +26,13 @@ def markdown_table(frame: pd.DataFrame) -> list[str]:
     return [head, "|" + "---|" * len(frame.columns), *("| " + " | ".join(c) + " |" for c in cells)]
 
 
+def write_summary_lines(out: str | os.PathLike[str], lines: Sequence[str]) -> Path:
+    """The folder's ``summary.md``: ``lines``, one per line."""
+    path = Path(out) / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def study_main(
     argv: list[str] | None,
     *,

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ...data.licenses import SEQUENCE
 from ...runtime.collectives import ring_allreduce_bytes
-from ..committed import markdown_table, read_tables, study_main
+from ..committed import markdown_table, read_tables, study_main, write_summary_lines
 from ..verdict import Claim, mark
 from . import study
 from .plan import STATS, attention_bytes
@@ -220,9 +220,7 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
              *markdown_table(tables["work"].drop_duplicates(["cp", "split"])
                      .drop(columns=["rank", "scores"])), "",
              *verdict_section(tables)]  # fmt: skip
-    path = Path(out) / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_summary_lines(out, lines)
 
 
 def main(argv: list[str] | None = None) -> None:

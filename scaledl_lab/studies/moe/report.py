@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..committed import markdown_table, read_tables, study_main
+from ..committed import markdown_table, read_tables, study_main, write_summary_lines
 from ..verdict import Claim, mark
 from . import study
 
@@ -201,9 +201,7 @@ def write_summary(out: str | os.PathLike[str], tables: dict[str, pd.DataFrame]) 
              "## The all-to-all across nodes, dp=2,ep=4, h100-node (`network.csv`, seconds)", "",
              *markdown_table(tables["network"]), "",
              *verdict_section(tables)]  # fmt: skip
-    path = Path(out) / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_summary_lines(out, lines)
 
 
 def main(argv: list[str] | None = None) -> None:
