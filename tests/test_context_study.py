@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from common import assert_recomputed_rows
 
 from scaledl_lab.studies.context import report, study
 
@@ -35,22 +36,17 @@ def test_the_committed_study_renders_from_its_csvs_and_supports_every_claim(comm
     ]
 
 
-def _same(fresh: pd.DataFrame, committed: pd.DataFrame, keys: list[str]) -> None:
-    rows = committed.merge(fresh[keys], on=keys)  # the committed rows the recomputation has
-    assert len(rows) == len(fresh)
-    pd.testing.assert_frame_equal(
-        fresh.reset_index(drop=True), rows[fresh.columns].reset_index(drop=True),
-        check_dtype=False, rtol=1e-9,
-    )  # fmt: skip
-
-
 def test_a_recomputation_at_small_size_gives_the_committed_rows(committed):
     point = (study.POINTS[0],)
-    _same(study.traffic_table(point), committed["traffic"], ["method", "sequence", "cp"])
-    _same(study.work_table(point), committed["work"], ["cp", "split", "rank"])
+    assert_recomputed_rows(
+        study.traffic_table(point), committed["traffic"], ["method", "sequence", "cp"]
+    )
+    assert_recomputed_rows(study.work_table(point), committed["work"], ["cp", "split", "rank"])
     memory = study.memory_table(cps=(1, 2), methods=("ulysses",))
-    _same(memory, committed["memory"], ["method", "cp"])
-    _same(study.overlap_table(per_member=(256,)), committed["overlap"], ["per_member", "link"])
+    assert_recomputed_rows(memory, committed["memory"], ["method", "cp"])
+    assert_recomputed_rows(
+        study.overlap_table(per_member=(256,)), committed["overlap"], ["per_member", "link"]
+    )
 
 
 def test_the_formulas_follow_the_recorded_bytes_beyond_the_study_s_points():

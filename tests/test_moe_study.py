@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from common import assert_recomputed_rows
 
 from scaledl_lab.studies.moe import report, study
 
@@ -35,20 +36,15 @@ def test_the_committed_study_renders_from_its_csvs_and_decides_every_claim(commi
     assert sorted(set(committed["balance"]["aux_loss_weight"])) == list(study.WEIGHTS)
 
 
-def _same(fresh: pd.DataFrame, committed: pd.DataFrame, keys: list[str]) -> None:
-    rows = committed.merge(fresh[keys], on=keys)  # the committed rows the recomputation has
-    assert len(rows) == len(fresh)
-    pd.testing.assert_frame_equal(
-        fresh.reset_index(drop=True), rows[fresh.columns].reset_index(drop=True),
-        check_dtype=False, rtol=1e-9,
-    )  # fmt: skip
-
-
 def test_a_recomputation_at_small_size_gives_the_committed_rows(committed):
-    _same(study.capacity_table(factors=(1.0,)), committed["capacity"], ["capacity_factor"])
-    _same(study.network_table(placements=(2,)), committed["network"], ["gpus_per_node"])
+    assert_recomputed_rows(
+        study.capacity_table(factors=(1.0,)), committed["capacity"], ["capacity_factor"]
+    )
+    assert_recomputed_rows(
+        study.network_table(placements=(2,)), committed["network"], ["gpus_per_node"]
+    )
     balance = study.balance_table(weights=(report.SWITCH_ALPHA,), seeds=(3,))  # 80 steps
-    _same(balance, committed["balance"], ["aux_loss_weight", "seed", "step"])
+    assert_recomputed_rows(balance, committed["balance"], ["aux_loss_weight", "seed", "step"])
 
 
 def test_the_formulas_follow_the_counts_beyond_the_study_s_points():
