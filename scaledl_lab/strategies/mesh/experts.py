@@ -35,8 +35,8 @@ from ...training.ledger import StepMemory, nbytes, optimizer_state_bytes
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
 from ..model_parallel.parallel_transformer import BACKWARD, FORWARD
 from .gather import gather_model
-from .grid import DIMENSIONS, Mesh
-from .view import GroupComm
+from .grid import Mesh
+from .view import GroupComm, mesh_views
 
 
 def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
@@ -173,11 +173,8 @@ class ExpertModel:
     def __init__(self, ctx: WorkerContext) -> None:
         cfg, comm = ctx.config, ctx.comm
         self.ctx, self.mesh = ctx, Mesh.parse(cfg.mesh)
-        for name in DIMENSIONS:  # every rank creates every group, in the same order
-            for group in self.mesh.groups(name):
-                comm.new_group(group)
-        self.dp = GroupComm(comm, self.mesh.group_of(comm.rank, "dp"))
-        self.ep = GroupComm(comm, self.mesh.group_of(comm.rank, "ep"))
+        view = mesh_views(comm, self.mesh)
+        self.dp, self.ep = view["dp"], view["ep"]
         gpt = ctx.build_model()
         self.shapes = {k: v.detach() for k, v in gpt.state_dict().items()}
         self.embed, self.head = gpt.embed, gpt.head

@@ -34,10 +34,10 @@ from . import experts
 from . import layers as mesh_layers
 from .context_block import Context
 from .gather import gather_model
-from .grid import DIMENSIONS, Mesh
+from .grid import Mesh
 from .layers import Dims
 from .stage import Stage
-from .view import GroupComm
+from .view import mesh_views
 
 
 class MeshModel:
@@ -46,10 +46,7 @@ class MeshModel:
     def __init__(self, ctx: WorkerContext) -> None:
         cfg, comm = ctx.config, ctx.comm
         self.ctx, self.mesh = ctx, Mesh.parse(cfg.mesh)
-        for name in DIMENSIONS:  # every rank creates every group, in the same order
-            for group in self.mesh.groups(name):
-                comm.new_group(group)
-        self.view = {n: GroupComm(comm, self.mesh.group_of(comm.rank, n)) for n in DIMENSIONS}
+        self.view = mesh_views(comm, self.mesh)
         self.tp, self.pp, self.dp = self.view["tp"], self.view["pp"], self.view["dp"]
         self.cp = self.view["cp"]
         gpt = ctx.build_model()

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import torch
 
 from ...runtime.base import Comm, Group, Incoming, Pending
+from .grid import DIMENSIONS, Mesh
 
 
 class GroupComm:
@@ -68,3 +69,12 @@ class GroupComm:
 
     def irecv(self, tensor: torch.Tensor, member: int) -> Incoming:
         return self.comm.irecv(tensor, self.group[member])
+
+
+def mesh_views(comm: Comm, mesh: Mesh) -> dict[str, GroupComm]:
+    """Every dimension's group created on ``comm`` (every rank creates every group, in the same
+    order, as collectives on groups require) and this rank's view of each."""
+    for name in DIMENSIONS:
+        for group in mesh.groups(name):
+            comm.new_group(group)
+    return {n: GroupComm(comm, mesh.group_of(comm.rank, n)) for n in DIMENSIONS}
