@@ -1,0 +1,107 @@
+"""The tensor-parallel MLP assignment: its grader gives the master notebook's reference full
+marks and names the checks each typical wrong submission fails, with what a student reads
+(all on the simulator, tp = 2 and 4: well under a second per report)."""
+
+from __future__ import annotations
+
+import pytest
+from assignment_sources import submission
+
+from scaledl_lab.assignments import tensor_parallel_mlp as tp_grader
+
+MASTER = "tensor_parallel_mlp.ipynb"
+
+
+def grade(namespace: dict) -> tp_grader.Report:
+    ops = tuple(namespace[n] for n in ("f", "f_backward", "g", "g_backward"))
+    return tp_grader.grade(
+        namespace["column_parallel"], namespace["row_parallel"], ops, namespace["ParallelMLP"]
+    )
+
+
+def test_reference_solution_gets_full_marks():
+    report = grade(submission(MASTER))
+    assert [c.name for c in report.checks] == [
+        "q1-shards", "q2-f", "q2-g",
+        "q3-forward", "q3-input-grad", "q3-weight-grads", "q3-communication",
+    ]  # fmt: skip
+    assert report.failed == [], str(report)
+    assert report.score == report.total == 12
+    assert report["q3-communication"].detail == (
+        "one allreduce of 320 bytes forward, one backward, per rank"
+    )
+
+
+def test_a_g_that_forgets_its_allreduce_leaves_the_output_partial():
+    wrong = submission(
+        MASTER,
+        (
+            "    summed = partial.clone()\n"
+            "    await comm.allreduce(summed)  # the row-parallel products are partial sums of "
+            "the output\n    return summed\n",
+            "    return partial\n",
+        ),
+    )
+    report = grade(wrong)
+    # The backward never needed g's sum: the gradients stay right.
+    assert report.failed == ["q2-g", "q3-forward", "q3-communication"], str(report)
+    assert report["q2-g"].detail.startswith("tp=2, rank 0: g(comm, x) is off by up to ")
+    assert report["q2-g"].detail.endswith("it must return the sum over the ranks")
+    assert "against the unsplit block: are the ranks' parts combined" in report["q3-forward"].detail
+    assert report["q3-communication"].detail.startswith(
+        "tp=2, rank 0: the forward called comm.allreduce 0 times (bytes: []); Megatron's block"
+    )
+    with pytest.raises(AssertionError, match=r"^q3-forward failed: tp=2, rank 0: the block's"):
+        report.require("q3-forward")
+
+
+def test_an_f_that_also_allreduces_forward_doubles_the_input():
+    wrong = submission(
+        MASTER,
+        (
+            "    return x  # every rank already holds the whole input\n",
+            "    x = x.clone()\n    await comm.allreduce(x)\n    return x\n",
+        ),
+    )
+    report = grade(wrong)
+    assert report.failed == [
+        "q2-f", "q3-forward", "q3-input-grad", "q3-weight-grads", "q3-communication",
+    ], str(report)  # fmt: skip
+    assert report["q2-f"].detail.endswith("it must return its input, unchanged")
+    assert "the gradient of first.weight is off by up to" in report["q3-weight-grads"].detail
+    assert (
+        "the forward called comm.allreduce 2 times (bytes: [320, 320])"
+        in report["q3-communication"].detail
+    )
+
+
+def test_a_second_linear_split_by_columns_fails_its_shapes_first():
+    """Megatron's B split by its columns (nn.Linear's outputs) instead of its rows: the shard
+    check names the shape a row-parallel shard has, and the block cannot multiply."""
+    wrong = submission(
+        MASTER,
+        (
+            "    width = linear.in_features // tp\n",
+            "    width = linear.out_features // tp\n",
+        ),
+        (
+            "    shard = nn.Linear(width, linear.out_features, dtype=linear.weight.dtype)\n",
+            "    shard = nn.Linear(linear.in_features, width, dtype=linear.weight.dtype)\n",
+        ),
+        (
+            "        shard.weight.copy_(linear.weight[:, mine])\n",
+            "        shard.weight.copy_(linear.weight[mine])\n",
+        ),
+        (
+            "        shard.bias.copy_(linear.bias)  # whole",
+            "        shard.bias.copy_(linear.bias[mine])  #",
+        ),
+    )
+    report = grade(wrong)
+    assert report.failed == [
+        "q1-shards", "q3-forward", "q3-input-grad", "q3-weight-grads", "q3-communication",
+    ], str(report)  # fmt: skip
+    assert report["q1-shards"].detail == (
+        "row_parallel(Linear(32, 8), rank=0, tp=2).weight has shape (4, 32), not (8, 16)"
+    )
+    assert report["q3-forward"].detail.startswith("on the simulator: RuntimeError: mat1 and mat2")
