@@ -81,6 +81,24 @@ def test_skipping_the_last_backward_is_caught_as_incomplete():
     )
 
 
+def test_no_warm_up_is_safe_and_lean_but_idles_more():
+    """One micro-batch at a time on every stage: complete, deadlock-free, within the memory
+    bound; only the bubble says the pipeline never fills."""
+    wrong = submission(
+        MASTER,
+        (
+            "        warmup = min(stages - stage - 1, micro_batches)",
+            "        warmup = 0",
+        ),
+    )
+    report = schedule_grader.grade(wrong["one_f_one_b"])
+    assert report.failed == ["q1-bubble"], str(report)
+    assert report["q1-bubble"].detail == (
+        "P=4, M=2: the stages idle 0.7500 of the step on average; the paper's bubble is 0.6000: "
+        "does each stage start a backward as soon as it can?"
+    )
+
+
 def test_otter_assign_strips_the_solutions_of_both_new_assignments(tmp_path):
     pytest.importorskip("otter", reason="needs otter-grader (pip install -e '.[course]')")
     names = ("one_f_one_b", "tensor_parallel_mlp")
