@@ -151,8 +151,11 @@ class Comm(abc.ABC):
 
     def allreduce_background(self, tensor: torch.Tensor, group: Group | None = None) -> Pending:
         """Start an allreduce that runs behind the computation before its ``wait()`` (Streaming
-        DiLoCo's outer gradients): :meth:`allreduce_start` on a real runtime; the simulator
-        counts its transfer from now, so the steps computed meanwhile hide it."""
+        DiLoCo's outer gradients, DDP's buckets): :meth:`allreduce_start` on a real runtime;
+        the simulator counts its transfer from now, so the steps computed meanwhile hide it.
+        Started inside a :meth:`compute` block (a gradient hook, during backward), it counts
+        from the point of backward that produced its bytes, after the transfers started before
+        it (the timeline shows the hidden part as ``overlapped``)."""
         return self.allreduce_start(tensor, group)
 
     def allreduce_bytes(self, nbytes: int, group: Group | None = None) -> int:

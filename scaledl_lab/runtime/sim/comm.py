@@ -50,6 +50,7 @@ class Collective(Request):
     group: tuple[int, ...] | None = None  # None: every worker
     out: torch.Tensor | None = None  # all_gather_into: where the shards go
     started: float | None = None  # a background allreduce: its transfer began then
+    overlapped: bool = False  # ... from inside a compute block: the timeline shows it hidden
 
 
 @dataclass
@@ -83,13 +84,12 @@ class _SimPending(Pending):
     def __init__(self, comm: SimComm, tensor: torch.Tensor, group: tuple[int, ...] | None) -> None:
         self.comm, self.tensor, self.group = comm, tensor, group
         self.started: float | None = None
+        self.overlapped = False
 
     async def wait(self) -> torch.Tensor:
-        await _Await(
-            Collective(
-                self.comm.rank, "allreduce", self.tensor, group=self.group, started=self.started
-            )
-        )
+        request = Collective(self.comm.rank, "allreduce", self.tensor, group=self.group)
+        request.started, request.overlapped = self.started, self.overlapped
+        await _Await(request)
         return self.tensor
 
 
@@ -111,6 +111,8 @@ class _SimSent(Pending):
         await _Await(Until(self.comm.rank, self.until))
 
 
+# The part of a compute block that is forward, before backward produces any gradient.
+FORWARD_SHARE = 1 / 3
 # What a receive from a peer that died without sending resumes with (then raises PeerLostError).
 LOST: Any = object()
 
@@ -206,6 +208,10 @@ class SimComm(Comm):
         self.clock = 0.0
         self.steps = 0
         self.nic_free = 0.0  # when this worker's outgoing link finishes what it was given
+        # Background allreduces started inside the open compute block (None: no block open),
+        # and when the last of those started from a block finishes its transfer.
+        self._in_block: list[_SimPending] | None = None
+        self.background_free = 0.0
 
     def _inject(self, nbytes: int, link: NetworkProfile) -> tuple[float, float]:
         """Queue ``nbytes`` on this worker's outgoing queue, sent at ``link``'s bandwidth (one
@@ -232,11 +238,35 @@ class SimComm(Comm):
     @contextlib.asynccontextmanager
     async def compute(self, samples: int, share: float = 1.0) -> AsyncIterator[None]:
         extra_work.take()  # what ran outside any block is charged to none
-        yield
+        self._in_block = []
+        try:
+            yield
+        finally:
+            started, self._in_block = self._in_block, None
         share += extra_work.take() / 3  # forwards run again in backward: a third of a step each
         cost = self.world.cost.step_time(self.rank, self.world_size, self.steps, samples) * share
         self.steps += 1
+        self._time_in_block(started, cost)
         await _Await(Sleep(self.rank, self.clock + cost))
+
+    def _time_in_block(self, started: list[_SimPending], cost: float) -> None:
+        """When each background allreduce started inside the block that ends now (charged
+        ``cost`` from ``clock``) began its transfer. The block is taken as a forward (its first
+        third) then a backward that produces the gradients at an even rate, so an allreduce
+        started from a gradient hook is ready once backward has produced the bytes of it and
+        of those started before it (DDP's buckets, last layer first); the transfers go one
+        after the other on this worker's link, as NCCL runs a process group's collectives."""
+        total = sum(p.tensor.numel() * p.tensor.element_size() for p in started)
+        done = 0
+        for pending in started:
+            nbytes = pending.tensor.numel() * pending.tensor.element_size()
+            done += nbytes
+            ready = self.clock + cost * (FORWARD_SHARE + (1 - FORWARD_SHARE) * done / total)
+            pending.started = max(ready, self.background_free)
+            pending.overlapped = True
+            members = self.world._members(pending.group)
+            duration = self.world.cost.allreduce_time(nbytes, len(members), members)
+            self.background_free = pending.started + duration
 
     @contextlib.asynccontextmanager
     async def applying(self, nbytes: int) -> AsyncIterator[None]:
@@ -256,7 +286,10 @@ class SimComm(Comm):
     ) -> Pending:
         pending = self.allreduce_start(tensor, group)
         assert isinstance(pending, _SimPending)
-        pending.started = self.clock  # the sum is taken at wait(); its time runs from now
+        if self._in_block is not None:  # from backward (a gradient hook): timed at the block's end
+            self._in_block.append(pending)
+        else:
+            pending.started = self.clock  # the sum is taken at wait(); its time runs from now
         return pending
 
     def allreduce_bytes(self, nbytes: int, group: tuple[int, ...] | None = None) -> int:

@@ -49,7 +49,7 @@ class Event:
     """One bar of the per-worker timeline: what ``rank`` did from ``start`` to ``end``."""
 
     rank: int
-    kind: str  # "compute" | "comm" | "idle"
+    kind: str  # "compute" | "comm" | "idle"; "overlapped": a transfer behind a compute block
     start: float
     end: float
 
@@ -296,6 +296,10 @@ class SimWorld(SimServers):
         else:
             duration = allreduce_time(0, self.world_size, net, algorithm)
         for c in calls:
+            if c.overlapped:  # the transfer's part hidden behind the block it was started in
+                hidden = min(start + duration, self.comms[c.rank].clock)
+                if hidden > start:
+                    self.events.append(Event(c.rank, "overlapped", start, hidden))
             self._advance(c.rank, start, "idle")
             self._advance(c.rank, start + duration, "comm")
             value = list(gathered) if gathered else results.get(c.rank)

@@ -63,6 +63,22 @@ class NaiveAllreduce:
         return summed
 
 
+def bucket_params(params: list[nn.Parameter], limit: int) -> list[list[nn.Parameter]]:
+    """``params`` (in the order backward produces their gradients) in buckets of at most
+    ``limit`` bytes, filled in that order: a bucket closes when the next parameter would take
+    it past the limit (a parameter larger than the limit has a bucket of its own)."""
+    buckets: list[list[nn.Parameter]] = [[]]
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        if buckets[-1] and size + nbytes > limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes
+    return buckets
+
+
 TRIAL_STEPS = 4  # steps timed in each mode, after WARMUP_STEPS untimed ones
 WARMUP_STEPS = 2
 
@@ -81,16 +97,7 @@ class BucketedAllreduce:
         self.comm = comm
         # Backward produces gradients roughly from the last layer to the first.
         params = [p for p in model.parameters() if p.requires_grad][::-1]
-        limit = int(bucket_mb * 2**20)
-        self.buckets: list[list[nn.Parameter]] = [[]]
-        size = 0
-        for p in params:
-            nbytes = p.numel() * p.element_size()
-            if self.buckets[-1] and size + nbytes > limit:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(p)
-            size += nbytes
+        self.buckets = bucket_params(params, int(bucket_mb * 2**20))
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         # Each bucket's flat buffer, and its parameters' views of it, made at first use.
         self._flat: list[torch.Tensor | None] = [None] * len(self.buckets)

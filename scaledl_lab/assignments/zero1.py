@@ -1,0 +1,187 @@
+"""The ZeRO-1 assignment's grader (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
+Training Trillion Parameter Models", §5.1: P_os, optimiser state partitioning).
+
+One question: ``async def zero1_train(ctx)``, synchronous data-parallel SGD in which each rank
+keeps the optimiser state of its shard only: the flattened gradients are reduce-scattered
+(``comm.reduce_scatter``, padded with zeros to N equal shards), the rank steps its shard, and
+the updated shards are all-gathered back into every replica (``comm.all_gather_into``).
+
+It runs on the simulator in float64 and is scored against the lab's own ``zero1`` on the same
+config: the parameters on 2 workers and on 3 (whose shards need padding: the MLP's 288,778
+parameters do not divide by 3), within 1e-10, replicas equal bit for bit; the optimiser state
+each rank logs (the memory ledger's ``mem_optim``), 1/N of the unsharded one that the lab's
+``allreduce`` logs; and the traffic, a reduce-scatter and an all-gather, 2(N − 1)/N × the
+parameters' bytes. A program that deadlocks fails every check by the simulator's detection.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import torch
+
+from ..config import ExperimentConfig
+from ..experiment import Results, run
+from ..models import build_model, count_parameters
+from ..runtime.base import ring_allreduce_bytes
+from ..training.worker import WorkerContext, load_for
+from .grading import Check, CheckFailed, Report, attempt, describe
+
+Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
+
+TOLERANCE = 1e-10
+EVEN, PADDED = 2, 3  # worker counts: the MLP's parameters divide by 2, not by 3
+# MNIST-1D, the MLP, float64, 4 steps of 16 samples a worker, SGD with momentum (its state:
+# one tensor the size of what it steps).
+RUN = dict(
+    strategy="zero1",
+    dataset="mnist1d",
+    model="mlp",
+    precision="float64",
+    train_subset=1200,
+    test_subset=200,
+    val_size=200,
+    batch_size=16,
+    epochs=1,
+    max_steps=4,
+    lr=0.05,
+    momentum=0.9,
+)
+CHECKS = (
+    ("q1-twin-sim", 3),
+    ("q1-padding-sim", 2),
+    ("q1-memory-sim", 2),
+    ("q1-traffic-sim", 1),
+)
+
+
+def config(workers: int, name: str, **changes: Any) -> ExperimentConfig:
+    return ExperimentConfig(runtime="sim", workers=workers, **{**RUN, **changes}, name=name)
+
+
+def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _train_rows(res: Results) -> Any:
+    train = res.frame[res.frame.kind == "train"]
+    if train.empty:
+        raise CheckFailed("no training rows: log each step with ctx.log_train(step, stats, ...)")
+    return train
+
+
+def _twin(mine: Results, lab: Results, workers: int) -> str:
+    states = [out.get("state_dict") for out in mine.outputs[mine.configs[0].label]]
+    if any(s is None for s in states):
+        raise CheckFailed("a rank kept no model: end zero1_train with ctx.keep_model(model)")
+    gap = _gap(states[0], lab.state_dict())
+    if gap > TOLERANCE:
+        padded = "" if workers == EVEN else " (a shard of the padded flat tensor on each rank?)"
+        raise CheckFailed(
+            f"{workers} workers: the parameters differ from the lab's zero1 by up to {gap:.3g} "
+            f"(float64 allows {TOLERANCE:g}): is each shard's gradient the average (the "
+            "reduce-scatter's sum / N), the shard stepped, and every shard all-gathered back "
+            f"into the parameters{padded}?"
+        )
+    drift = max(_gap(states[0], s) for s in states[1:])
+    if drift != 0.0:
+        raise CheckFailed(
+            f"{workers} workers: the replicas drifted apart (up to {drift:.3g}): every rank "
+            "must end the step with every shard's update"
+        )
+    return f"{workers} workers: within {gap:.1e} of the lab's zero1; replicas equal"
+
+
+def _memory(mine: Results, lab: Results, full: Results, workers: int) -> str:
+    train = _train_rows(mine)
+    if "mem_optim" not in train or train["mem_optim"].isna().any():
+        raise CheckFailed(
+            "no optimiser state logged: pass memory=StepMemory(optim=optimizer_state_bytes("
+            "optimizer)).columns() to ctx.log_train"
+        )
+    unsharded = float(_train_rows(full)["mem_optim"].max())
+    sharded = float(_train_rows(lab)["mem_optim"].max())
+    held = float(train["mem_optim"].max())
+    slack = 8 * (workers - 1) * len(full.state_dict())  # padding, up to a shard per tensor
+    if abs(held - unsharded / workers) > slack:
+        raise CheckFailed(
+            f"{workers} workers: a rank holds {held:.0f} bytes of optimiser state; sharded "
+            f"over {workers} ranks it is 1/{workers} of the unsharded {unsharded:.0f} = "
+            f"{unsharded / workers:.0f} (the lab's zero1 holds {sharded:.0f}): give the "
+            "optimiser this rank's shard only"
+        )
+    return (
+        f"{workers} workers: {held:.0f} bytes of optimiser state a rank, 1/{workers} of the "
+        f"unsharded {unsharded:.0f} (the lab's zero1: {sharded:.0f})"
+    )
+
+
+def _traffic(mine: Results, workers: int) -> str:
+    cfg = mine.configs[0]
+    data = load_for(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    tensors = sum(1 for _ in model.parameters())
+    psi = 8 * count_parameters(model)
+    expected = ring_allreduce_bytes(psi, workers)  # a reduce-scatter and an all-gather
+    slack = 2 * 8 * (workers - 1) * tensors + 2  # padding, up to a shard per tensor
+    train = _train_rows(mine)
+    off = train[(train.bytes_sent - expected).abs() > slack]
+    if len(off):
+        row = off.iloc[0]
+        raise CheckFailed(
+            f"{workers} workers: rank {int(row['rank'])} logged {int(row.bytes_sent)} bytes at "
+            f"step {int(row.step)}; a reduce-scatter and an all-gather of the {psi} parameter "
+            f"bytes send (N-1)/N x {psi} each, {expected} in all (log sent=comm.bytes_sent "
+            "minus its value before the step)"
+        )
+    return f"{workers} workers: {expected} bytes per step, 2 x (N-1)/N x the {psi} parameter bytes"
+
+
+def _run(train: Train, workers: int) -> Results:
+    return run(config(workers, f"zero1-{workers}w"), strategy=train, progress=False, log=None)
+
+
+@functools.cache
+def _lab(workers: int, strategy: str = "zero1") -> Results:
+    cfg = config(workers, f"{strategy}-{workers}w", strategy=strategy)
+    return run(cfg, progress=False, log=None)
+
+
+def report(train: Train) -> Report:
+    """Every check of ``train`` (computed once per function)."""
+    return _report(train)
+
+
+@functools.cache
+def _report(train: Train) -> Report:
+    runs: dict[int, Results] = {}
+    for workers in (EVEN, PADDED):
+        try:
+            runs[workers] = _run(train, workers)
+        except Exception as exc:
+            runs[workers] = exc  # type: ignore[assignment]
+    checks: list[Check] = []
+    for name, points in CHECKS:
+        workers = EVEN if name == "q1-twin-sim" else PADDED
+        mine = runs[workers]
+        if isinstance(mine, BaseException):
+            why = f"on {workers} simulated workers: {describe(mine)}"
+            checks.append(Check(name, points, False, why))
+            continue
+        body: Callable[[], str]
+        if name in ("q1-twin-sim", "q1-padding-sim"):
+            body = functools.partial(_twin, mine, _lab(workers), workers)
+        elif name == "q1-memory-sim":
+            full = _lab(workers, "allreduce")
+            body = functools.partial(_memory, mine, _lab(workers), full, workers)
+        else:
+            body = functools.partial(_traffic, mine, workers)
+        checks.append(attempt(name, points, body))
+    return Report(tuple(checks))
+
+
+def grade(train: Train) -> Report:
+    """Every check, in order: what ``otter run`` totals."""
+    return report(train)
