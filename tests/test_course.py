@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-LABS = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("01_"))
+LABS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 SECTION = re.compile(r"^##\s+(\d+)\s*[.·]", re.M)
 EXERCISE = re.compile(r"^#{2,3}\s+(?:\d+\s*[.·]\s*)?Exercise\s+(\d+)", re.M)
 HEADING = re.compile(r"^#{2,3}\s", re.M)
