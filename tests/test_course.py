@@ -5,6 +5,7 @@ numbers the notebook printed (or the committed results it reads)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -172,6 +173,72 @@ def test_student_notebooks_writes_each_lab_and_never_replaces_one_silently(tmp_p
     assert main([*command, "--overwrite"]) == 0 and "cells" in json.loads(written.read_text())
     assert main(["student-notebooks", str(out), "--notebooks", str(tmp_path)]) == 1
     assert f"no lab notebooks ([0-9][0-9]_*.ipynb) in {tmp_path}" in capsys.readouterr().err
+
+
+# -- the syllabus: every lab and assignment in a session, its readings and timings the labs' own --
+
+MEMORY_TABLE = ROOT / "results" / "memory" / "memory.csv"
+LAB_NAME = re.compile(r"`(\d\d_\w+\.ipynb)`")
+PAPER_2019 = ("03_", "04_", "05_")  # parameter servers and asynchronous SGD, NNT, the reproduction
+
+
+def _syllabus() -> tuple[str, list[dict[str, str]]]:
+    """The Syllabus section of notebooks/README.md, and its table's rows (column → cell)."""
+    text = (NOTEBOOKS / "README.md").read_text()
+    section = text[text.index("\n## Syllabus\n") :]
+    section = section[: section.index("\n## ", 1)]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    head, *body = ([c.strip() for c in line.strip().strip("|").split("|")] for line in lines)
+    return section, [dict(zip(head, row, strict=True)) for row in body]
+
+
+def test_the_syllabus_names_every_lab_and_every_assignment_in_its_sessions():
+    section, rows = _syllabus()
+    assert [int(row["session"]) for row in rows] == list(range(1, len(rows) + 1))
+    assert 12 <= len(rows) <= 14
+    labs = [name for row in rows for name in LAB_NAME.findall(row["labs"])]
+    assert sorted(labs) == [p.name for p in LABS]  # each lab in one session, none that is not
+    for path in sorted((NOTEBOOKS / "assignment").glob("*.ipynb")):
+        assert f"`assignment/{path.name}`" in section, f"{path.name} is in no session"
+    old = [row["session"] for row in rows if any(n in row["labs"] for n in PAPER_2019)]
+    assert len(old) <= 2, f"the 2019 material takes sessions {old}"
+    due = [int(row["session"]) for row in rows if " due" in row["graded work"]]
+    gaps = [b - a for a, b in zip([0, *due[:-1]], due, strict=True)]
+    assert due and max(gaps) <= 3, f"graded work falls due in sessions {due}"
+
+
+def _references(path: Path) -> list[str]:
+    """The entries of a lab's References section."""
+    markdown = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    section = markdown[re.search(r"^#+\s*References", markdown, re.M).end() :]
+    return re.split(r"\n\* ", section)
+
+
+def test_each_reading_of_the_syllabus_is_among_its_labs_references():
+    for row in _syllabus()[1]:
+        labs = [NOTEBOOKS / name for name in LAB_NAME.findall(row["labs"])]
+        entries = [entry for lab in labs for entry in _references(lab)]
+        for reading in row["readings"].split(";"):
+            author, year = reading.split()
+            assert any(re.search(rf"\b{author}\b", e) and year in e for e in entries), (
+                f"session {row['session']}: {reading} is not among {row['labs']}'s references"
+            )
+
+
+def test_the_syllabus_timings_are_the_committed_measurements():
+    with MEMORY_TABLE.open(newline="") as fh:
+        measured = {(r["target"], r["mode"]): float(r["wall_s"]) for r in csv.DictReader(fh)
+                    if r["exit_code"] == "0"}  # fmt: skip
+
+    def minutes(lab: str, mode: str) -> str:
+        seconds = measured.get((lab.removesuffix(".ipynb"), mode), math.nan)
+        return f"{seconds / 60:.1f}" if math.isfinite(seconds) else "—"
+
+    for row in _syllabus()[1]:
+        labs = LAB_NAME.findall(row["labs"])
+        for mode in ("quick", "full"):
+            expected = " + ".join(minutes(lab, mode) for lab in labs)
+            assert row[f"{mode} min"] == expected, (row["session"], mode)
 
 
 def _printed(path: Path) -> str:
