@@ -5,20 +5,25 @@ numbers the notebook printed (or the committed results it reads)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
+from scaledl_lab.course import blank_predictions, student_version
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-LABS = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("01_"))
+LABS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 SECTION = re.compile(r"^##\s+(\d+)\s*[.·]", re.M)
 EXERCISE = re.compile(r"^#{2,3}\s+(?:\d+\s*[.·]\s*)?Exercise\s+(\d+)", re.M)
 HEADING = re.compile(r"^#{2,3}\s", re.M)
 CHECKED = re.compile(r"\bcheck\(\s*(prediction\w*)")
+ASSIGNED = re.compile(r"^((?:prediction\w*\s*,\s*)*prediction\w*)\s*=(?!=)", re.M)
 NUMBER = re.compile(r"(?<![\d.])-?\d+\.\d+(?![\d.])")
 
 
@@ -81,6 +86,159 @@ def test_every_lab_names_its_solutions_file_and_the_file_exists(path):
     assert solution.is_file(), solution
     markdown = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "markdown")
     assert f"solutions/{path.stem}.md" in markdown, f"{path.name} does not point at {solution.name}"
+
+
+# -- the student versions: predictions blank, outputs and worked explanations gone --------------
+
+
+def _blank(value: object) -> bool:
+    """``...``, or a dict whose every value is ``...`` (its keys are the question)."""
+    if isinstance(value, dict):
+        return bool(value) and all(v is Ellipsis for v in value.values())
+    return value is Ellipsis
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_the_student_version_of_every_lab_has_no_answered_prediction(path):
+    notebook = json.loads(path.read_text())
+    student = student_version(notebook)
+    for before, after in zip(notebook["cells"], student["cells"], strict=True):
+        if after["cell_type"] != "code":
+            continue
+        assert after["outputs"] == [] and after["execution_count"] is None
+        lines = [line for line in _source(after).splitlines() if ASSIGNED.match(line)]
+        assert len(lines) == len(ASSIGNED.findall(_source(before)))  # each one kept, blank
+        for line in lines:
+            values: dict = {}
+            exec(line, {}, values)  # the line as the student receives it
+            assert values and all(map(_blank, values.values())), f"{path.name}: {line}"
+            assert "  # " in line, f"{path.name}: {line} does not say what to predict"
+    assert "widgets" not in student["metadata"]  # the run's widget state (its accuracies)
+    markdown = "\n".join(_source(c) for c in student["cells"] if c["cell_type"] == "markdown")
+    assert not re.search(r"\*\*Explain(?:ation)?\.\*\* (?!\*Your explanation\.\*)", markdown)
+
+
+def test_a_blank_exercise_of_a_student_version_says_not_answered_yet(capsys):
+    """Notebook 14's first exercise run from its student version: its code cells up to the first
+    check (arithmetic on paper, no cluster: about a second)."""
+    path = NOTEBOOKS / "14_planning.ipynb"
+    namespace: dict = {}
+    for cell in student_version(json.loads(path.read_text()))["cells"]:
+        code = re.sub(r"^%.*$", "", _source(cell), flags=re.M)  # IPython's magics
+        if cell["cell_type"] == "code":
+            exec(compile(code, path.name, "exec"), namespace)
+            if CHECKED.search(code):
+                break
+    out = capsys.readouterr().out
+    assert "not answered yet: replace each ... with your prediction" in out
+    assert "you predicted" not in out and " measured " not in out  # nothing of the answer
+
+
+def test_blanking_keeps_a_dicts_keys_a_tuples_names_and_what_to_predict():
+    source = (
+        "%matplotlib inline\n"
+        'prediction_rounds = {"ring (16)": 133, "torus 4×4 (16)": 14}  # ← by topology\n'
+        "prediction_grow, prediction_decay = 1610, 4290  # ← updates of each run\n"
+        "prediction_ratio = (4 /\n    3)\n"
+        "predicted = 5\n"
+        "check(prediction_ratio, 4 / 3)\n"
+    )
+    assert blank_predictions(source) == (
+        "%matplotlib inline\n"
+        'prediction_rounds = {"ring (16)": ..., "torus 4×4 (16)": ...}  # ← by topology\n'
+        "prediction_grow, prediction_decay = ..., ...  # ← updates of each run\n"
+        "prediction_ratio = ...  # ← your prediction\n"
+        "predicted = 5\n"
+        "check(prediction_ratio, 4 / 3)\n"
+    )
+
+
+def test_student_notebooks_writes_each_lab_and_never_replaces_one_silently(tmp_path, capsys):
+    from scaledl_lab.cli import main
+
+    labs, out = tmp_path / "labs", tmp_path / "out"
+    labs.mkdir()
+    shutil.copy(NOTEBOOKS / "14_planning.ipynb", labs)
+    command = ["student-notebooks", str(out), "--notebooks", str(labs)]
+    assert main(command) == 0
+    written = out / "14_planning.ipynb"
+    assert [p.name for p in out.iterdir()] == [written.name]
+    assert json.loads(written.read_text()) == student_version(
+        json.loads((labs / written.name).read_text())
+    )
+    written.write_text("a student's answers")
+    assert main(command) == 1
+    assert f"{out} already holds 14_planning.ipynb" in capsys.readouterr().err
+    assert written.read_text() == "a student's answers"
+    assert main([*command, "--overwrite"]) == 0 and "cells" in json.loads(written.read_text())
+    assert main(["student-notebooks", str(out), "--notebooks", str(tmp_path)]) == 1
+    assert f"no lab notebooks ([0-9][0-9]_*.ipynb) in {tmp_path}" in capsys.readouterr().err
+
+
+# -- the syllabus: every lab and assignment in a session, its readings and timings the labs' own --
+
+MEMORY_TABLE = ROOT / "results" / "memory" / "memory.csv"
+LAB_NAME = re.compile(r"`(\d\d_\w+\.ipynb)`")
+PAPER_2019 = ("03_", "04_", "05_")  # parameter servers and asynchronous SGD, NNT, the reproduction
+
+
+def _syllabus() -> tuple[str, list[dict[str, str]]]:
+    """The Syllabus section of notebooks/README.md, and its table's rows (column → cell)."""
+    text = (NOTEBOOKS / "README.md").read_text()
+    section = text[text.index("\n## Syllabus\n") :]
+    section = section[: section.index("\n## ", 1)]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    head, *body = ([c.strip() for c in line.strip().strip("|").split("|")] for line in lines)
+    return section, [dict(zip(head, row, strict=True)) for row in body]
+
+
+def test_the_syllabus_names_every_lab_and_every_assignment_in_its_sessions():
+    section, rows = _syllabus()
+    assert [int(row["session"]) for row in rows] == list(range(1, len(rows) + 1))
+    assert 12 <= len(rows) <= 14
+    labs = [name for row in rows for name in LAB_NAME.findall(row["labs"])]
+    assert sorted(labs) == [p.name for p in LABS]  # each lab in one session, none that is not
+    for path in sorted((NOTEBOOKS / "assignment").glob("*.ipynb")):
+        assert f"`assignment/{path.name}`" in section, f"{path.name} is in no session"
+    old = [row["session"] for row in rows if any(n in row["labs"] for n in PAPER_2019)]
+    assert len(old) <= 2, f"the 2019 material takes sessions {old}"
+    due = [int(row["session"]) for row in rows if " due" in row["graded work"]]
+    gaps = [b - a for a, b in zip([0, *due[:-1]], due, strict=True)]
+    assert due and max(gaps) <= 3, f"graded work falls due in sessions {due}"
+
+
+def _references(path: Path) -> list[str]:
+    """The entries of a lab's References section."""
+    markdown = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    section = markdown[re.search(r"^#+\s*References", markdown, re.M).end() :]
+    return re.split(r"\n\* ", section)
+
+
+def test_each_reading_of_the_syllabus_is_among_its_labs_references():
+    for row in _syllabus()[1]:
+        labs = [NOTEBOOKS / name for name in LAB_NAME.findall(row["labs"])]
+        entries = [entry for lab in labs for entry in _references(lab)]
+        for reading in row["readings"].split(";"):
+            author, year = reading.split()
+            assert any(re.search(rf"\b{author}\b", e) and year in e for e in entries), (
+                f"session {row['session']}: {reading} is not among {row['labs']}'s references"
+            )
+
+
+def test_the_syllabus_timings_are_the_committed_measurements():
+    with MEMORY_TABLE.open(newline="") as fh:
+        measured = {(r["target"], r["mode"]): float(r["wall_s"]) for r in csv.DictReader(fh)
+                    if r["exit_code"] == "0"}  # fmt: skip
+
+    def minutes(lab: str, mode: str) -> str:
+        seconds = measured.get((lab.removesuffix(".ipynb"), mode), math.nan)
+        return f"{seconds / 60:.1f}" if math.isfinite(seconds) else "—"
+
+    for row in _syllabus()[1]:
+        labs = LAB_NAME.findall(row["labs"])
+        for mode in ("quick", "full"):
+            expected = " + ".join(minutes(lab, mode) for lab in labs)
+            assert row[f"{mode} min"] == expected, (row["session"], mode)
 
 
 def _printed(path: Path) -> str:

@@ -40,8 +40,9 @@ LAYERS: dict[str, int] = {
     # the front door at the root: run / compare / Results (sdl.run)
     "experiment": 6,
     # what runs experiments or reads their results folders: the studies (each family's in
-    # studies/<family>/), resuming a run, the notebooks' panels, the graded assignments
-    "studies": 7, "resume": 7, "panels": 7, "assignments": 7,
+    # studies/<family>/), resuming a run, the notebooks' panels, the graded assignments, the
+    # labs' student versions
+    "studies": 7, "resume": 7, "panels": 7, "assignments": 7, "course": 7,
     # the command line and the package's public names
     "cli": 8, "__init__": 8,
 }  # fmt: skip

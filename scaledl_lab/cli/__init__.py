@@ -1,4 +1,5 @@
-"""The `scaledl-lab` command: reproduce, run, resume, list, data, bench, analyse."""
+"""The `scaledl-lab` command: reproduce, run, resume, list, data, bench, analyse, plan,
+student-notebooks."""
 
 from __future__ import annotations
 
@@ -87,6 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     large_batch.add_analyse(sub)
 
     plan_cli.add_plan(sub, run)  # memory and step time of a run, without training
+    student = sub.add_parser(
+        "student-notebooks",
+        help="the labs to hand out: predictions blank (...), no outputs, no worked explanations",
+    )
+    student.add_argument("out", help="the folder to write them into")
+    student.add_argument(
+        "--notebooks", default=None, help="the labs' folder (default: notebooks/ of this checkout)"
+    )
+    student.add_argument("--overwrite", action="store_true", help="replace notebooks already there")
     bench = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch")
     bench.add_argument("name", nargs="?", default=None)
     bench.add_argument(
@@ -218,6 +228,15 @@ def _cmd_bench(name: str | None, args: Sequence[str] = ()) -> int:
     return status
 
 
+def _cmd_student_notebooks(args: argparse.Namespace) -> None:
+    from ..course import NOTEBOOKS, write_student_notebooks
+
+    written = write_student_notebooks(
+        args.out, args.notebooks or NOTEBOOKS, overwrite=args.overwrite
+    )
+    print(f"{len(written)} student notebooks written to {args.out}")
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from ..studies.calibrate import calibrate
 
@@ -290,6 +309,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "run": _cmd_run,
     "resume": _cmd_resume,
     "reproduce": _cmd_reproduce,
+    "student-notebooks": _cmd_student_notebooks,
 }
 
 
