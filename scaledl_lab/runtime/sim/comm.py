@@ -4,8 +4,7 @@ request to the scheduler (:mod:`.scheduler`) and resumes with its answer, in vir
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Generator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -30,54 +29,7 @@ from ..collectives import (
 )
 from .mail import Sent, lend
 from .network import NetworkProfile
-
-
-@dataclass
-class Request:
-    rank: int
-
-
-@dataclass
-class Sleep(Request):
-    until: float
-
-
-@dataclass
-class Collective(Request):
-    kind: str  # "allreduce" | "allgather" | "reduce_scatter" | "all_gather_into" | ...
-    tensor: torch.Tensor | None = None
-    src: int = 0
-    group: tuple[int, ...] | None = None  # None: every worker
-    out: torch.Tensor | None = None  # all_gather_into: where the shards go
-    started: float | None = None  # a background allreduce: its transfer began then
-    overlapped: bool = False  # ... from inside a compute block: the timeline shows it hidden
-
-
-@dataclass
-class Until(Request):
-    """Resume no earlier than ``until`` (the worker's own NIC finishing a send)."""
-
-    until: float
-
-
-@dataclass
-class WaitRecv(Request):
-    incoming: SimIncoming
-
-
-@dataclass
-class WaitCall(Request):
-    pending: SimCall
-
-
-class _Await:
-    """Hands a request to the scheduler and resumes with its answer."""
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-
-    def __await__(self) -> Generator[Request, Any, Any]:
-        return (yield self.request)
+from .requests import Await, Collective, Sleep, Until, WaitCall, WaitRecv
 
 
 class _SimPending(Pending):
@@ -89,7 +41,7 @@ class _SimPending(Pending):
     async def wait(self) -> torch.Tensor:
         request = Collective(self.comm.rank, "allreduce", self.tensor, group=self.group)
         request.started, request.overlapped = self.started, self.overlapped
-        await _Await(request)
+        await Await(request)
         return self.tensor
 
 
@@ -100,7 +52,7 @@ class _SimSharded(Pending):
         self.comm, self.request = comm, request
 
     async def wait(self) -> torch.Tensor:
-        return await _Await(self.request)
+        return await Await(self.request)
 
 
 class _SimSent(Pending):
@@ -108,7 +60,7 @@ class _SimSent(Pending):
         self.comm, self.until = comm, until
 
     async def wait(self) -> None:
-        await _Await(Until(self.comm.rank, self.until))
+        await Await(Until(self.comm.rank, self.until))
 
 
 # The part of a compute block that is forward, before backward produces any gradient.
@@ -170,7 +122,7 @@ class SimIncoming(Incoming):
         return True
 
     async def wait(self) -> torch.Tensor:
-        if await _Await(WaitRecv(self.comm.rank, self)) is LOST:
+        if await Await(WaitRecv(self.comm.rank, self)) is LOST:
             if self.lent:  # the buffer is the receiver's own again (its contents undefined)
                 self.tensor.set_(torch.empty_like(self.tensor))  # type: ignore[union-attr]
             raise PeerLostError(f"rank {self.src} died before sending", self.src)
@@ -187,7 +139,7 @@ class SimCall(Pending):
         self.value: Any = None
 
     async def wait(self) -> Any:
-        return await _Await(WaitCall(self.comm.rank, self))
+        return await Await(WaitCall(self.comm.rank, self))
 
 
 class SimMailbox(Mailbox):
@@ -247,7 +199,7 @@ class SimComm(Comm):
         cost = self.world.cost.step_time(self.rank, self.world_size, self.steps, samples) * share
         self.steps += 1
         self._time_in_block(started, cost)
-        await _Await(Sleep(self.rank, self.clock + cost))
+        await Await(Sleep(self.rank, self.clock + cost))
 
     def _time_in_block(self, started: list[_SimPending], cost: float) -> None:
         """When each background allreduce started inside the block that ends now (charged
@@ -272,7 +224,7 @@ class SimComm(Comm):
     async def applying(self, nbytes: int) -> AsyncIterator[None]:
         yield
         cost = self.world.cost.apply_time(self.rank, self.world_size, nbytes)
-        await _Await(Sleep(self.rank, self.clock + cost))
+        await Await(Sleep(self.rank, self.clock + cost))
 
     def allreduce_start(
         self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
@@ -300,7 +252,7 @@ class SimComm(Comm):
     ) -> list[torch.Tensor]:
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += allgather_bytes(nbytes, self.group_size(group))
-        return await _Await(Collective(self.rank, "allgather", tensor, group=group))
+        return await Await(Collective(self.rank, "allgather", tensor, group=group))
 
     def reduce_scatter_start(
         self, tensor: torch.Tensor, group: tuple[int, ...] | None = None
@@ -330,7 +282,7 @@ class SimComm(Comm):
     async def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         if self.rank == src:
             self.bytes_sent += tensor.numel() * tensor.element_size() * (self.world_size - 1)
-        await _Await(Collective(self.rank, "broadcast", tensor, src))
+        await Await(Collective(self.rank, "broadcast", tensor, src))
         return tensor
 
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending:
@@ -371,4 +323,4 @@ class SimComm(Comm):
         return self.world.shared[name]
 
     async def barrier(self) -> None:
-        await _Await(Collective(self.rank, "barrier"))
+        await Await(Collective(self.rank, "barrier"))

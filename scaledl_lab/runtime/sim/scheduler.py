@@ -21,18 +21,7 @@ from ...errors import RunError, WorkerKilled, WorkerLostError
 from ..base import Comm, Launch, Outcome
 from ..memory import freed_memory_kept
 from ..servers import ServerLoop
-from .comm import (
-    LOST,
-    Collective,
-    Request,
-    SimCall,
-    SimComm,
-    SimIncoming,
-    Sleep,
-    Until,
-    WaitCall,
-    WaitRecv,
-)
+from .comm import LOST, SimCall, SimComm, SimIncoming
 from .cost import (
     CostModel,
     all_to_all_time,
@@ -41,6 +30,7 @@ from .cost import (
     reduce_scatter_time,
 )
 from .mail import Copies, Mail
+from .requests import Collective, Request, Sleep, Until, WaitCall, WaitRecv
 from .servers import SimServers, _ServerState
 
 
