@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from .comm import SimCall, SimIncoming
 
 
 @dataclass
@@ -44,12 +41,12 @@ class Until(Request):
 
 @dataclass
 class WaitRecv(Request):
-    incoming: SimIncoming
+    incoming: Any  # comm.SimIncoming
 
 
 @dataclass
 class WaitCall(Request):
-    pending: SimCall
+    pending: Any  # comm.SimCall
 
 
 class Await:
