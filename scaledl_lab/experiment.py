@@ -201,6 +201,7 @@ def compare(
     security: Any = None,
     resume: int | None = None,
     weights: bool = True,
+    figures: bool = True,
     strategy: Program | None = None,
     overwrite: bool = False,
 ) -> Results:
@@ -213,6 +214,8 @@ def compare(
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
     holds only its tables: ``model_state_dict`` and ``state_dict`` say so, ``sharpness`` fails).
+    ``figures=False`` writes ``out`` without its PNG figures (tables, summary and weights only:
+    a folder kept to be resumed or read by a script, ~0.2 s of plotting saved per figure).
 
     ``strategy``: a per-worker program of your own (``async def train(ctx)``, e.g. written in a
     notebook) that every config runs instead of its named strategy's; the config's ``strategy``
@@ -331,7 +334,7 @@ def compare(
             events=events_frame(events),
         )
         if out_dir:
-            results.save(out_dir)
+            results.save(out_dir, figures=figures)
     results.out_dir = target
     return results
 

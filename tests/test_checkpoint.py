@@ -51,10 +51,10 @@ def test_one_epoch_resumed_to_two_equals_a_two_epoch_run(strategy, tmp_path):
     # Every 6 steps: DiLoCo's checkpoints fall both inside its period (steps 6, 18) and at its
     # end (12); each straight epoch takes three.
     cfg = ExperimentConfig(strategy=strategy, workers=4, checkpoint_every=6, **options)
-    run(cfg, out=tmp_path / "resumed", progress=False)
+    run(cfg, out=tmp_path / "resumed", progress=False, figures=False)
     assert latest_step(tmp_path / "resumed") == total_steps(cfg) == 18
     resumed = resume(tmp_path / "resumed", epochs=2, progress=False, log=None)
-    straight = run(cfg.replace(epochs=2), out=tmp_path / "straight", progress=False)
+    straight = run(cfg.replace(epochs=2), out=tmp_path / "straight", progress=False, figures=False)
     assert train_rows(resumed.frame).equals(train_rows(straight.frame))
     saved, whole = (table(tmp_path / d / "metrics.csv") for d in ("resumed", "straight"))
     pd.testing.assert_frame_equal(saved, whole, check_exact=True)  # bit for bit
@@ -67,7 +67,7 @@ def test_a_run_stopped_by_a_dead_worker_says_where_its_checkpoint_is_and_resumes
     cfg = ExperimentConfig(strategy="allreduce", workers=2, checkpoint_every=4, **BASE)
     with pytest.raises(WorkerLostError, match=r"metrics so far are in .*metrics.csv, the config "
                        r"in config.json, the last checkpoint \(step 8\) in"):  # fmt: skip
-        run(cfg.replace(faults="kill:1:10"), out=tmp_path / "r", progress=False)
+        run(cfg.replace(faults="kill:1:10"), out=tmp_path / "r", progress=False, figures=False)
     partial = partial_of(tmp_path / "r")  # beside where a finished run would be
     assert (partial / "config.json").exists()
     assert sorted(p.name for p in (partial / "checkpoint").iterdir()) == ["latest.json", "step8"]
@@ -91,7 +91,7 @@ def test_checkpoints_need_a_strategy_with_a_quiet_point_and_a_folder():
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):
-    run(ExperimentConfig(**BASE, max_steps=2), out=tmp_path, progress=False)
+    run(ExperimentConfig(**BASE, max_steps=2), out=tmp_path, progress=False, figures=False)
     with pytest.raises(ConfigError, match=r"holds no checkpoint .*--checkpoint-every"):
         resume(tmp_path, progress=False)
     assert main(["resume", str(tmp_path / "nowhere")]) == 1
@@ -100,7 +100,7 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 def test_resume_of_a_finished_run_asks_for_more_epochs(tmp_path):
     cfg = ExperimentConfig(checkpoint_every="1epoch", **BASE, max_steps=3)
-    run(cfg, out=tmp_path, progress=False)
+    run(cfg, out=tmp_path, progress=False, figures=False)
     with pytest.raises(ConfigError, match=r"at step 3, the end of a run of 1 epoch\(s\)"):
         resume(tmp_path, progress=False)
 
@@ -112,7 +112,13 @@ def test_a_resumed_dask_run_continues_from_the_checkpoint_step(tmp_path):
                            **{**BASE, "runtime": "dask", "max_steps": 10})  # fmt: skip
     with connect(2, dashboard=False, log=None) as client:
         with pytest.raises(WorkerLostError, match=r"the last checkpoint \(step 5\)"):
-            run(cfg.replace(faults="kill:1:7"), client=client, out=tmp_path / "r", progress=False)
+            run(
+                cfg.replace(faults="kill:1:7"),
+                client=client,
+                out=tmp_path / "r",
+                progress=False,
+                figures=False,
+            )
     with connect(2, dashboard=False, log=None) as client:
         resumed = resume(partial_of(tmp_path / "r"), client=client, progress=False, log=None)
         straight = run(cfg.replace(checkpoint_every=None), client=client, progress=False)
@@ -130,7 +136,7 @@ def saved_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("saved") / "run"
     small = dict(BASE, train_subset=256, val_size=64, test_subset=64)
     cfg = ExperimentConfig(strategy="allreduce", workers=2, checkpoint_every=2, **small)
-    run(cfg, out=out, progress=False)
+    run(cfg, out=out, progress=False, figures=False)
     assert latest_step(out) == total_steps(cfg) == 4
     return out
 

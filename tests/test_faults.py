@@ -79,7 +79,7 @@ def test_synchronous_runs_stop_with_a_clear_error(strategy, tmp_path):
     cfg = ExperimentConfig(strategy=strategy, **FAULTY)
     with pytest.raises(WorkerLostError, match=r"rank 1 died after step 3 .*synchronous run "
                        r"cannot continue.*metrics so far are in"):  # fmt: skip
-        run(cfg, out=tmp_path / "r", progress=False)
+        run(cfg, out=tmp_path / "r", progress=False, figures=False)
     saved = pd.read_csv(partial_of(tmp_path / "r") / "metrics.csv")
     train = saved[saved.kind == "train"]
     assert train[train["rank"] == 1].step.tolist() == [1, 2, 3]  # every row up to the kill
@@ -128,7 +128,9 @@ def _dask_run(strategy: str, workers: int, tmp_path):
                            faults="kill:1:4", **options)  # fmt: skip
     with connect(workers, dashboard=False, log=None) as client:
         try:
-            return run(cfg, client=client, out=tmp_path / "r", progress=False, log=None)
+            return run(
+                cfg, client=client, out=tmp_path / "r", progress=False, figures=False, log=None
+            )
         finally:  # a finished run's folder, or a stopped one's partial folder
             done = tmp_path / "r"
             saved = pd.read_csv((done if done.exists() else partial_of(done)) / "metrics.csv")

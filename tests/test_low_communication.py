@@ -291,7 +291,7 @@ def test_diloco_resumed_from_a_checkpoint_equals_a_straight_run(tmp_path):
         strategy="diloco", runtime="sim", sync_period=7, checkpoint_every="1epochs",
         **{**base, "train_subset": 1152, "workers": 4, "optimizer": "adamw", "lr": 1e-3},
     )  # fmt: skip
-    run(cfg, out=tmp_path, progress=False)
+    run(cfg, out=tmp_path, progress=False, figures=False)
     assert latest_step(tmp_path) is not None
     resumed = resume(tmp_path, epochs=2, progress=False, log=None)
     straight = run(cfg.replace(epochs=2, checkpoint_every=None), progress=False)

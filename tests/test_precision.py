@@ -277,7 +277,7 @@ def test_a_resumed_float16_run_continues_exactly(tmp_path):
     from scaledl_lab.resume import resume
 
     cfg = _cfg(precision="float16", max_steps=None, checkpoint_every="1epochs", train_subset=1280)
-    run(cfg, out=tmp_path, progress=False)
+    run(cfg, out=tmp_path, progress=False, figures=False)
     resumed = resume(tmp_path, epochs=2, progress=False, log=None)
     straight = run(cfg.replace(epochs=2, checkpoint_every=None), progress=False)
     cols = ["rank", "step", "loss", "accuracy", "loss_scale", "skipped"]

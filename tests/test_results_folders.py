@@ -60,11 +60,22 @@ def test_an_existing_results_folder_is_refused_unless_overwrite(tmp_path, capsys
     assert main(argv) == 0
     assert f"results written to {out}" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["runs"][0]["lr"] == 0.5
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "accuracy_vs_epoch.png", "accuracy_vs_time.png", "loss_vs_epoch.png",
+        "loss_vs_time.png", "throughput.png",
+    ]  # fmt: skip
     assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no partial or replaced folder left
     # The Python API keeps the same rule.
     with pytest.raises(ConfigError, match=r"exists and is not empty: pass --overwrite"):
         run(CFG.replace(max_steps=2), out=out, progress=False)
-    res = run(CFG.replace(max_steps=2, lr=0.2), out=out, overwrite=True, progress=False, log=None)
+    res = run(
+        CFG.replace(max_steps=2, lr=0.2),
+        out=out,
+        overwrite=True,
+        progress=False,
+        figures=False,
+        log=None,
+    )
     assert res.out_dir == out and json.loads((out / "config.json").read_text())["runs"][0][
         "lr"
     ] == pytest.approx(0.2)
@@ -78,8 +89,10 @@ def test_an_existing_results_folder_is_refused_unless_overwrite(tmp_path, capsys
     )
     empty = tmp_path / "empty"
     empty.mkdir()  # an empty folder is no one's results
-    run(CFG.replace(max_steps=2), out=empty, progress=False, log=None)
-    assert (empty / "metrics.csv").exists()
+    run(CFG.replace(max_steps=2), out=empty, progress=False, figures=False, log=None)
+    assert (empty / "metrics.csv").exists() and (empty / "summary.md").exists()
+    # figures=False: the tables, the summary and the weights, without the CLI's PNGs.
+    assert not list(empty.glob("*.png")) and (empty / "weights.pt").exists()
 
 
 def test_a_default_folder_that_holds_a_run_is_kept_and_the_next_run_says_where_it_writes(
