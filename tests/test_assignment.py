@@ -1,5 +1,6 @@
 """The ring allreduce assignment: its grader gives the reference solution (the master notebook's)
-full marks on both runtimes and names the check each wrong submission fails; ``otter assign``
+full marks on both runtimes and names the check each wrong submission fails (chunk indices fitted
+to the drawing of N = 3: the hidden check alone); ``otter assign``
 and ``otter run`` grade the notebook end to end (skipped without otter-grader, the [course]
 extra)."""
 
@@ -63,14 +64,14 @@ def reference() -> dict[str, Any]:
 # checks of the reference solution.
 @pytest.mark.slow
 def test_reference_solution_gets_full_marks_on_both_runtimes(reference):
-    report = ring_grader.grade(reference["ring_allreduce"], reference["ring_sgd"])
+    report = ring_grader.grade(reference["ring_allreduce"], reference["ring_sgd"], hidden=True)
     assert [c.name for c in report.checks] == [
-        "q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim", "q1-dask",
+        "q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim", "q1-dask", "q1-ring-hidden",
         "q2-twin-sim", "q2-allreduce-sim", "q2-replicas-sim", "q2-traffic-sim",
         "q2-twin-dask", "q2-traffic-dask",
     ]  # fmt: skip
     assert report.failed == [], str(report)
-    assert report.score == report.total == 15
+    assert report.score == report.total == 17
     # What was measured, not only that it passed: the twins to float64 rounding.
     assert "within" in report["q2-twin-sim"].detail and "e-1" in report["q2-twin-sim"].detail
     assert report["q2-traffic-dask"].detail.startswith("2 workers: 2310224 bytes per step")
@@ -104,6 +105,28 @@ def test_a_ring_that_receives_first_deadlocks_and_fails_by_timeout(monkeypatch):
     assert report["q1-sum-sim"].detail.startswith("on 2 simulated workers: the run failed")
     assert report["q1-dask"].detail.startswith("the run failed:"), report["q1-dask"].detail
     assert report.score == 0
+
+
+def test_chunk_indices_read_off_the_drawing_of_three_fail_only_the_hidden_check():
+    """Each index written with +2s for -s, as on a ring of 3 (and of 2, with one round): right
+    on every visible world size, the wrong chunks from N = 4 on."""
+    wrong = submission(
+        (
+            "        out, into = (rank - s) % n, (rank - s - 1) % n\n",
+            "        out, into = (rank + 2 * s) % n, (rank + 2 * s - 1) % n\n",
+        ),
+        (
+            "        out, into = (rank + 1 - s) % n, (rank - s) % n\n",
+            "        out, into = (rank + 1 + 2 * s) % n, (rank + 2 * s) % n\n",
+        ),
+    )
+    report = ring_grader.collective_report(wrong["ring_allreduce"], dask=False, hidden=True)
+    assert report.failed == ["q1-ring-hidden"], str(report)
+    assert report["q1-ring-hidden"].detail.startswith(
+        "4 workers, 60 elements: rank 0's tensor after the call is off the sum by up to "
+    )
+    reference = submission()["ring_allreduce"]
+    assert ring_grader.collective_report(reference, dask=False, hidden=True).failed == []
 
 
 def test_a_ring_that_asks_for_the_library_allreduce_is_refused():
@@ -221,7 +244,7 @@ def test_otter_assign_and_run_grade_the_notebook(tmp_path):
     (tmp_path / "wrong").mkdir()
     nbformat.write(wrong, tmp_path / "wrong" / MASTER.name)
     graded = grade(tmp_path / "wrong" / MASTER.name, "graded")
-    assert _scores(graded) == {"q1": (7, 7), "q2": (8 - 2 - 1 - 2, 8)}, graded
+    assert _scores(graded) == {"q1": (9, 9), "q2": (8 - 2 - 1 - 2, 8)}, graded  # q1: 2 hidden
     (q2,) = [t for t in graded["tests"] if t["name"] == "q2"]
     for check in ("q2-twin-sim", "q2-allreduce-sim", "q2-twin-dask"):
         assert f"{check} failed" in q2["output"], q2["output"]

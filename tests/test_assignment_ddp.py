@@ -1,6 +1,7 @@
 """The bucketed DDP assignment: its grader gives the master notebook's solution full marks on
 the simulator and names the check each typical wrong solution fails, with the words a student
-reads; the student version ``otter assign`` makes holds no solution."""
+reads (buckets sized as if float32: the hidden check alone); the student version ``otter
+assign`` makes holds no solution."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from scaledl_lab.assignments import bucketed_ddp as grader
 
 NOTEBOOK = "bucketed_ddp.ipynb"
 NAMES = ["q1-twin-sim", "q1-traffic-sim", "q1-buckets-sim", "q1-overlap-sim"]
+HIDDEN = ["q1-buckets-hidden"]
 # Where a bucket's allreduce starts in the reference, and where its sum becomes the average.
 START = "            self.started.append((b, self.comm.allreduce_background(flat)))\n"
 AVERAGE = "            flat /= n\n"
@@ -20,14 +22,41 @@ AVERAGE = "            flat /= n\n"
 # of the reference solution.
 @pytest.mark.slow
 def test_the_reference_solution_gets_full_marks():
-    report = grader.grade(submission(NOTEBOOK)["ddp_train"])
-    assert [c.name for c in report.checks] == NAMES
+    mine = submission(NOTEBOOK)["ddp_train"]
+    assert [c.name for c in grader.grade(mine).checks] == NAMES  # the student's view
+    report = grader.grade(mine, hidden=True)
+    assert [c.name for c in report.checks] == NAMES + HIDDEN
     assert report.failed == [], str(report)
-    assert report.score == report.total == 8
+    assert report.score == report.total == 10
     # What was measured: the lab's allreduce to the bit, three buckets, some time hidden.
     assert report["q1-twin-sim"].detail.startswith("3 workers: within 0.0e+00 of the lab's")
     assert report["q1-buckets-sim"].detail == (
         "3 allreduces a step, buckets of [5642, 262144, 20992] elements"
+    )
+    assert report["q1-buckets-hidden"].detail == (
+        "the lab's buckets (6 at 0.03 MB, 1 at 4 MB) and its parameters"
+    )
+
+
+# ~0.6 s (plus the lab's runs, ~1.4 s, where it is the module's first test): one more run of
+# the submission for its visible checks, 0.3 s for the hidden one.
+def test_buckets_sized_as_if_float32_fail_only_the_hidden_check():
+    """Each gradient's bytes counted as 4 a value: the same three buckets at the visible 1 MB
+    (the middle tensor fills a bucket of its own either way), four where each tensor should
+    have a bucket of its own."""
+    wrong = submission(
+        NOTEBOOK,
+        (
+            "            nbytes = p.numel() * p.element_size()\n",
+            "            nbytes = p.numel() * 4  # float32\n",
+        ),
+    )
+    report = grader.report(wrong["ddp_train"], hidden=True)
+    assert report.failed == HIDDEN, str(report)
+    assert report["q1-buckets-hidden"].detail.startswith(
+        "bucket_mb=0.03: rank 0, step 1: 4 allreduces of [5642, 262144, 512, 20480] elements; "
+        "buckets of at most 0.03 MB filled from the last parameter to the first make 6, of "
+        "[10, 5120, 512, 262144, 512, 20480] elements"
     )
 
 

@@ -1,6 +1,7 @@
 """The tensor-parallel MLP assignment: its grader gives the master notebook's reference full
 marks and names the checks each typical wrong submission fails, with what a student reads
-(all on the simulator, tp = 2 and 4: well under a second per report)."""
+(all on the simulator, tp = 2 and 4, and 3 and 8 for the hidden check: well under a second per
+report)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,42 @@ from scaledl_lab.assignments import tensor_parallel_mlp as tp_grader
 MASTER = "tensor_parallel_mlp.ipynb"
 
 
-def grade(namespace: dict) -> tp_grader.Report:
+def grade(namespace: dict, hidden: bool = False) -> tp_grader.Report:
     ops = tuple(namespace[n] for n in ("f", "f_backward", "g", "g_backward"))
     return tp_grader.grade(
-        namespace["column_parallel"], namespace["row_parallel"], ops, namespace["ParallelMLP"]
+        namespace["column_parallel"],
+        namespace["row_parallel"],
+        ops,
+        namespace["ParallelMLP"],
+        hidden=hidden,
     )
 
 
 def test_reference_solution_gets_full_marks():
-    report = grade(submission(MASTER))
+    report = grade(submission(MASTER), hidden=True)
     assert [c.name for c in report.checks] == [
         "q1-shards", "q2-f", "q2-g",
-        "q3-forward", "q3-input-grad", "q3-weight-grads", "q3-communication",
+        "q3-forward", "q3-input-grad", "q3-weight-grads", "q3-communication", "q3-block-hidden",
     ]  # fmt: skip
     assert report.failed == [], str(report)
-    assert report.score == report.total == 12
+    assert report.score == report.total == 14
+    assert grade(submission(MASTER)).total == 12  # what the student version shows
     assert report["q3-communication"].detail == (
         "one allreduce of 320 bytes forward, one backward, per rank"
+    )
+    assert report["q3-block-hidden"].detail.startswith("h=6, a batch of 3, tp = (3, 8): the output")
+
+
+def test_shards_sized_for_the_visible_block_fail_the_hidden_check():
+    """The hidden units written as the notebook's 4h = 32: every visible check (h = 8) passes,
+    the hidden block of h = 6 cannot multiply."""
+    wrong = submission(
+        MASTER, ("    width = linear.out_features // tp\n", "    width = 32 // tp  # 4h\n")
+    )
+    report = grade(wrong, hidden=True)
+    assert report.failed == ["q3-block-hidden"], str(report)
+    assert report["q3-block-hidden"].detail.startswith(
+        "h=6, a batch of 3, RuntimeError: mat1 and mat2 shapes cannot be multiplied (3x10 and 8x6)"
     )
 
 

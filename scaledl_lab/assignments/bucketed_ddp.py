@@ -12,7 +12,11 @@ own ``allreduce`` on the same config: the parameters (within 1e-10) and replicas
 bit; the traffic, one pass of the gradient through a ring, read from the run's metrics; the
 allreduces each step starts, one per bucket of the lab's rule; and the overlap, read from the
 simulator's timeline: some transfer runs behind backward in every step and the communication
-left exposed is below one flat allreduce after backward (``allreduce-naive``). A program that
+left exposed is below one flat allreduce after backward (``allreduce-naive``). A hidden check
+(``report(..., hidden=True)``, what the autograder scores) runs one step with two bucket sizes
+the notebook does not show, one bucket per parameter and a single bucket, and asks for the
+lab's buckets and parameters there: a bucket rule that only matches the visible 1 MB (sized
+as if gradients were float32, or with the limit written in) fails it. A program that
 deadlocks fails every check by the simulator's deadlock detection.
 """
 
@@ -56,6 +60,12 @@ RUN = dict(
     network="10gbe",
 )
 CHECKS = (("q1-twin-sim", 3), ("q1-traffic-sim", 1), ("q1-buckets-sim", 2), ("q1-overlap-sim", 2))
+HIDDEN_CHECK = ("q1-buckets-hidden", 2)
+# The hidden check's bucket sizes (MB): 0.03 puts each of the MLP's six float64 tensors in a
+# bucket of its own (10 elements, 5,120, ... : none fits beside the next in 31 kB), 4 all of
+# them in one; one step of 16 samples a worker is enough to count them.
+UNSEEN_BUCKET_MB = (0.03, 4.0)
+UNSEEN_RUN = dict(max_steps=1, batch_size=16)
 
 
 class Counting:
@@ -175,7 +185,7 @@ def _traffic(mine: Results, buckets: list[int]) -> str:
 
 
 def _buckets(mine: Results, buckets: list[int]) -> str:
-    limit = RUN["bucket_mb"]
+    limit = mine.configs[0].bucket_mb
     for rank, out in enumerate(mine.outputs[mine.configs[0].label]):
         for step, calls in enumerate(out["allreduces"], start=1):
             if calls != buckets:
@@ -228,9 +238,38 @@ def _lab(strategy: str) -> Results:
     return run(config(strategy, strategy=strategy), progress=False, log=None)
 
 
-def report(train: Train) -> Report:
-    """Every check of ``train`` (computed once per function)."""
-    return _report(train)
+def report(train: Train, *, hidden: bool = False) -> Report:
+    """Every visible check of ``train``, and the hidden one if ``hidden`` (computed once per
+    function)."""
+    visible = _report(train)
+    if hidden:
+        return Report(visible.checks + (_hidden_check(train),))
+    return visible
+
+
+def _unseen_buckets(train: Train) -> str:
+    """The hidden check: for each of :data:`UNSEEN_BUCKET_MB`, one step whose allreduces are
+    the lab's buckets and whose parameters are the lab's ``allreduce``'s."""
+    found = []
+    for mb in UNSEEN_BUCKET_MB:
+        cfg = config(f"bucketed-ddp-{mb:g}mb", bucket_mb=mb, **UNSEEN_RUN)
+        try:
+            mine = run(
+                cfg, strategy=functools.partial(counted_program, train), log=None, progress=False
+            )
+            lab = run(cfg.replace(strategy="allreduce", name=None), progress=False, log=None)
+            _buckets(mine, expected_buckets(cfg))
+            _twin(mine, lab)
+        except Exception as exc:
+            raise CheckFailed(f"bucket_mb={mb:g}: {describe(exc)}") from exc
+        found.append(f"{len(expected_buckets(cfg))} at {mb:g} MB")
+    return f"the lab's buckets ({', '.join(found)}) and its parameters"
+
+
+@functools.cache
+def _hidden_check(train: Train) -> Check:
+    name, points = HIDDEN_CHECK
+    return attempt(name, points, lambda: _unseen_buckets(train))
 
 
 @functools.cache
@@ -253,6 +292,6 @@ def _report(train: Train) -> Report:
     return Report(tuple(attempt(name, points, bodies[name]) for name, points in CHECKS))
 
 
-def grade(train: Train) -> Report:
-    """Every check, in order: what ``otter run`` totals."""
-    return report(train)
+def grade(train: Train, *, hidden: bool = False) -> Report:
+    """Every check, in order: what ``otter run`` totals, with ``hidden=True``."""
+    return report(train, hidden=hidden)

@@ -3,13 +3,16 @@ lab's pipelines run, :mod:`~scaledl_lab.strategies.model_parallel.schedules`).
 
 Question 1: ``one_f_one_b(stages, micro_batches)``, a pure function that gives each stage s its
 ordered list of operations, ``("F", m)`` or ``("B", m)``, the forward or backward of micro-batch
-m. It is scored by the lab's own schedule machinery, on several (P, M) (M = 1 and M < P
-included): every forward and backward on every stage exactly once; accepted by the lab's
+m. It is scored by the lab's own schedule machinery, on several (P, M) with M >= P: every
+forward and backward on every stage exactly once; accepted by the lab's
 dependency checker (a stage runs its list in order, a forward needing the previous stage's, a
 backward its own forward and the next stage's backward: a list that waits on itself deadlocks);
 at most P − s micro-batches' activations held on stage s (1F1B's memory bound, where GPipe holds
 all M); and the idle fraction of the schedule replayed with the simulator's costs (F a third of a
-stage's step, B two thirds, messages free) equal to the formula (P − 1)/(M + P − 1).
+stage's step, B two thirds, messages free) equal to the formula (P − 1)/(M + P − 1). A hidden
+check (``grade(..., hidden=True)``, what the autograder scores) asks the same four of the edge
+cases the visible ones do not show, M = 1, M < P and P = 1: a warm-up that forgets there may
+be fewer micro-batches than stages passes every visible check and fails it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from .grading import CheckFailed, Report, attempt, describe, failed_all
 Schedule = list[list[tuple[str, int]]]
 Generator = Callable[[int, int], Schedule]
 
-# (P, M): M = 1, M < P, M = P, M > P, and a P that is not a power of two.
-CASES = ((2, 1), (4, 1), (4, 2), (8, 3), (4, 4), (3, 5), (4, 8), (2, 6))
+# (P, M) of the visible checks: M = P, M > P, and a P that is not a power of two.
+CASES = ((4, 4), (3, 5), (4, 8), (2, 6))
+# Those of the hidden one: M = 1, M < P, P = 1.
+EDGE_CASES = ((2, 1), (4, 1), (4, 2), (8, 3), (1, 1), (1, 4))
 TOLERANCE = 1e-12
 
 
@@ -47,8 +52,10 @@ def _complete(schedule: Schedule, stages: int, micro_batches: int) -> None:
             raise CheckFailed(f"{case}: stage {s} never runs the {what} of micro-batch {m}")
 
 
-def _generated(one_f_one_b: Generator) -> dict[tuple[int, int], Schedule]:
-    return {(p, m): one_f_one_b(p, m) for p, m in CASES}
+def _generated(
+    one_f_one_b: Generator, cases: tuple[tuple[int, int], ...] = CASES
+) -> dict[tuple[int, int], Schedule]:
+    return {(p, m): one_f_one_b(p, m) for p, m in cases}
 
 
 def _all_complete(made: dict[tuple[int, int], Schedule]) -> str:
@@ -102,19 +109,30 @@ def _bubble(made: dict[tuple[int, int], Schedule]) -> str:
     return "the idle fraction (P - 1)/(M + P - 1) for every (P, M)"
 
 
-def grade(one_f_one_b: Generator) -> Report:
-    """The question's checks, in order: what ``otter run`` totals (plain functions, no run)."""
+def _edges(one_f_one_b: Generator) -> str:
+    """The hidden check: the four properties above on :data:`EDGE_CASES`."""
+    made = _generated(one_f_one_b, EDGE_CASES)
+    for check in (_all_complete, _deadlock_free, _memory, _bubble):
+        check(made)
+    return f"complete, deadlock-free, within P - s in flight, the bubble, for {list(made)}"
+
+
+def grade(one_f_one_b: Generator, *, hidden: bool = False) -> Report:
+    """The question's checks, in order: what ``otter run`` totals, with ``hidden=True`` (plain
+    functions, no run)."""
     made: dict[tuple[int, int], Schedule] = {}
     try:
         made.update(_generated(one_f_one_b))
     except Exception as exc:
         names = (("q1-complete", 2), ("q1-deadlock-free", 2), ("q1-memory", 2), ("q1-bubble", 2))
-        return Report(tuple(failed_all(names, f"one_f_one_b raised {describe(exc)}")))
-    return Report(
-        (
+        checks = failed_all(names, f"one_f_one_b raised {describe(exc)}")
+    else:
+        checks = [
             attempt("q1-complete", 2, lambda: _all_complete(made)),
             attempt("q1-deadlock-free", 2, lambda: _deadlock_free(made)),
             attempt("q1-memory", 2, lambda: _memory(made)),
             attempt("q1-bubble", 2, lambda: _bubble(made)),
-        )
-    )
+        ]
+    if hidden:
+        checks.append(attempt("q1-edge-hidden", 2, lambda: _edges(one_f_one_b)))
+    return Report(tuple(checks))

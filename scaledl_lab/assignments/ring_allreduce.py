@@ -10,7 +10,11 @@ strategy=...)``), in float64, and are scored against their sequential twins: the
 the parameters of single-process SGD on the combined batch and of the lab's own
 ``allreduce-naive`` (within 1e-10); replicas equal bit for bit; and the traffic of the ring,
 2(N − 1)/N × the tensor's bytes sent per worker, read from the run's metrics. A ring that
-deadlocks fails by the simulator's deadlock detection and by the Dask run's timeout.
+deadlocks fails by the simulator's deadlock detection and by the Dask run's timeout. Question 1's
+visible checks run on 2 and 3 simulated workers (the N = 3 the notebook has students draw); a
+hidden check (``collective_report(..., hidden=True)``, what the autograder scores) asks the
+same of 4 and 5: chunk indices read off the drawing of N = 3 (−1 written as +2) pass every
+visible check and fail it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from .grading import Check, CheckFailed, Report, attempt, describe
 Ring = Callable[[Any, torch.Tensor], Coroutine[Any, Any, Any]]
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
 
-SIM_WORKERS = (2, 3, 4, 5)
+SIM_WORKERS = (2, 3)
+HIDDEN_WORKERS = (4, 5)  # the hidden check's
+HIDDEN_CHECK = ("q1-ring-hidden", 2)
 SIZES = (60, 10, 7)  # 60 divides by every N above; 10 and 7 leave uneven chunks
 TIMEOUT_S = 30.0  # a Dask rank that waits this long for a message ends the run (a deadlock)
 TOLERANCE = 1e-10
@@ -198,10 +204,38 @@ def _rounds(outputs: dict[int, list[dict[str, Any]]]) -> str:
     return "2(N-1) messages per rank"
 
 
-def collective_report(ring: Ring, dask: bool = True, client: Any = None) -> Report:
+def collective_report(
+    ring: Ring, dask: bool = True, client: Any = None, *, hidden: bool = False
+) -> Report:
     """Question 1's checks for ``ring`` (computed once per function; ``dask=False`` leaves the
-    real-worker check out, ``client``: a Dask cluster to run it on, else a fresh local one)."""
-    return _collective_report(ring, dask, client)
+    real-worker check out, ``client``: a Dask cluster to run it on, else a fresh local one;
+    ``hidden=True`` adds the hidden check)."""
+    report = _collective_report(ring, dask, client)
+    if hidden:
+        report = Report(report.checks + (_hidden_check(ring),))
+    return report
+
+
+def _unseen_sizes(ring: Ring) -> str:
+    """The hidden check: the sum, traffic and rounds on :data:`HIDDEN_WORKERS` simulated ranks."""
+    outputs: dict[int, list[dict[str, Any]]] = {}
+    for workers in HIDDEN_WORKERS:
+        try:
+            outputs[workers] = _collective_run(ring, "sim", workers, None).outputs[
+                f"ring-{workers}w"
+            ]
+        except Exception as exc:
+            raise CheckFailed(f"on {workers} simulated workers: {describe(exc)}") from exc
+    _sums(outputs)
+    _traffic(outputs)
+    _rounds(outputs)
+    return f"the exact sum, the ring's traffic and 2(N-1) messages for N = {HIDDEN_WORKERS}"
+
+
+@functools.cache
+def _hidden_check(ring: Ring) -> Check:
+    name, points = HIDDEN_CHECK
+    return attempt(name, points, lambda: _unseen_sizes(ring))
 
 
 @functools.cache
@@ -334,7 +368,9 @@ def _strategy_report(train: Train, dask: bool, client: Any) -> Report:
     return Report(tuple(checks))
 
 
-def grade(ring: Ring, train: Train, *, dask: bool = True, client: Any = None) -> Report:
-    """Both questions' checks, in order: what ``otter run`` totals."""
-    first = collective_report(ring, dask, client)
+def grade(
+    ring: Ring, train: Train, *, dask: bool = True, client: Any = None, hidden: bool = False
+) -> Report:
+    """Both questions' checks, in order: what ``otter run`` totals, with ``hidden=True``."""
+    first = collective_report(ring, dask, client, hidden=hidden)
     return Report(first.checks + strategy_report(train, dask, client).checks)

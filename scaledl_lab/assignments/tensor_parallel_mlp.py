@@ -9,17 +9,21 @@ with them (a ``Comm`` call is awaited, so the operators are called in the progra
 hidden in autograd functions, as the lab's own :mod:`~scaledl_lab.strategies.model_parallel.
 tensor_parallel` does).
 
-Everything runs on the simulator for tp = 2 and 4, in float64, and is scored against the unsplit
-block (within 1e-10): its output, the gradient of its input and of every weight (rank r's slice,
-the hidden units r·4h/tp : (r+1)·4h/tp); and its traffic: one allreduce forward and one backward,
-each of the activation's bytes. The grader hands the operators a view of the ``Comm`` that has
-``allreduce`` only, and counts its calls.
+Everything runs on the simulator for tp = 2 and 4 (h = 8, a batch of 5), in float64, and is
+scored against the unsplit block (within 1e-10): its output, the gradient of its input and of
+every weight (rank r's slice, the hidden units r·4h/tp : (r+1)·4h/tp); and its traffic: one
+allreduce forward and one backward, each of the activation's bytes. The grader hands the
+operators a view of the ``Comm`` that has ``allreduce`` only, and counts its calls. A hidden
+check (``block_report(..., hidden=True)``, what the autograder scores) asks question 3's four
+properties of a block the notebook does not show: h = 6, a batch of 3, tp = 3 and 8, so a
+submission that hard-codes the visible sizes fails it.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +33,7 @@ from ..config import ExperimentConfig
 from ..experiment import run
 from ..runtime.base import Comm
 from ..training.worker import WorkerContext
-from .grading import CheckFailed, Report, attempt, describe, failed_all
+from .grading import Check, CheckFailed, Report, attempt, describe, failed_all
 
 Shard = Callable[[nn.Linear, int, int], nn.Linear]
 Operator = Callable[[Any, torch.Tensor], Coroutine[Any, Any, torch.Tensor]]
@@ -37,6 +41,20 @@ Operator = Callable[[Any, torch.Tensor], Coroutine[Any, Any, torch.Tensor]]
 DEGREES = (2, 4)
 HIDDEN, BATCH = 8, 5  # the block h → 4h → h on a batch of 5
 TOLERANCE = 1e-10
+
+
+@dataclass(frozen=True)
+class Case:
+    """One block size the grader runs: its h, its batch, and the tp degrees."""
+
+    hidden: int
+    batch: int
+    degrees: tuple[int, ...]
+
+
+SHOWN = Case(HIDDEN, BATCH, DEGREES)  # the visible checks'
+UNSEEN = Case(6, 3, (3, 8))  # the hidden check's: 4h = 24, a degree that is not a power of two
+
 # The config a simulated run needs (its data is loaded, never read: the block makes its own).
 RUN = dict(
     strategy="tensor-parallel",
@@ -58,6 +76,7 @@ BLOCK_CHECKS = (
     ("q3-weight-grads", 2),
     ("q3-communication", 2),
 )
+HIDDEN_CHECK = ("q3-block-hidden", 2)
 
 
 class Collectives:
@@ -89,22 +108,23 @@ class Collectives:
         )
 
 
-def unsplit_block() -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
+def unsplit_block(case: Case = SHOWN) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
     """``Linear(h, 4h) → ReLU → Linear(4h, h)`` in float64, an input and an output gradient
     (the same on every rank: tensor parallelism gives every rank the whole batch)."""
     gen = torch.Generator().manual_seed(0)
-    first = nn.Linear(HIDDEN, 4 * HIDDEN, dtype=torch.float64)
-    second = nn.Linear(4 * HIDDEN, HIDDEN, dtype=torch.float64)
+    h, batch = case.hidden, case.batch
+    first = nn.Linear(h, 4 * h, dtype=torch.float64)
+    second = nn.Linear(4 * h, h, dtype=torch.float64)
     with torch.no_grad():
         for p in [*first.parameters(), *second.parameters()]:
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    x = torch.randn(BATCH, HIDDEN, generator=gen, dtype=torch.float64)
-    return first, second, x, torch.randn(BATCH, HIDDEN, generator=gen, dtype=torch.float64)
+    x = torch.randn(batch, h, generator=gen, dtype=torch.float64)
+    return first, second, x, torch.randn(batch, h, generator=gen, dtype=torch.float64)
 
 
-def units(rank: int, tp: int) -> slice:
+def units(rank: int, tp: int, hidden: int = HIDDEN) -> slice:
     """Rank ``rank``'s hidden units: Megatron's A = [A_1 … A_tp], in order."""
-    width = 4 * HIDDEN // tp
+    width = 4 * hidden // tp
     return slice(rank * width, (rank + 1) * width)
 
 
@@ -165,7 +185,10 @@ async def _operator_program(ops: tuple[Operator, ...], ctx: WorkerContext) -> No
 
 
 def _sim(program: Callable[[WorkerContext], Coroutine[Any, Any, None]], tp: int) -> list[dict]:
-    cfg = ExperimentConfig(workers=tp, **RUN, name=f"tp-{tp}")
+    # The config only sets up tp simulated ranks: the lab's tensor-parallel check of its own MLP
+    # (tp divides its width, 512) does not concern this block, whose degrees may not divide it.
+    strategy = RUN["strategy"] if 512 % tp == 0 else "allreduce-naive"
+    cfg = ExperimentConfig(workers=tp, **{**RUN, "strategy": strategy}, name=f"tp-{tp}")
     return run(cfg, strategy=program, progress=False, log=None).outputs[f"tp-{tp}"]
 
 
@@ -215,10 +238,10 @@ def _operator_report(*ops: Operator) -> Report:
     )
 
 
-async def _block_program(block_class: type, ctx: WorkerContext) -> None:
+async def _block_program(block_class: type, case: Case, ctx: WorkerContext) -> None:
     """Every rank: its shards of the block, forward then backward on the whole batch."""
     comm = Collectives(ctx.comm)
-    first, second, x, grad_out = unsplit_block()
+    first, second, x, grad_out = unsplit_block(case)
     block = block_class(first, second, ctx.rank, ctx.world_size)
     comm.phase = "forward"
     out = await block.forward(comm, x.clone())
@@ -236,9 +259,9 @@ async def _block_program(block_class: type, ctx: WorkerContext) -> None:
     )
 
 
-def _twin() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def _twin(case: Case) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The unsplit block's output, input gradient and weight gradients."""
-    first, second, x, grad_out = unsplit_block()
+    first, second, x, grad_out = unsplit_block(case)
     x.requires_grad_()
     out = second(torch.relu(first(x)))
     out.backward(grad_out)
@@ -247,22 +270,22 @@ def _twin() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     return out.detach(), x.grad, grads
 
 
-def _compare(runs: dict[int, list[dict]], key: str, hint: str) -> str:
-    out, grad_in, _ = _twin()
+def _compare(runs: dict[int, list[dict]], key: str, hint: str, case: Case = SHOWN) -> str:
+    out, grad_in, _ = _twin(case)
     want = out if key == "out" else grad_in
     what = "the block's output" if key == "out" else "the gradient of x that backward returns"
     for tp, ranks in runs.items():
         for rank, result in enumerate(ranks):
             where = f"tp={tp}, rank {rank}: "
             _expect(what, result[key], want, where=where, then=f" against the unsplit block{hint}")
-    return f"every rank within {TOLERANCE:g} of the unsplit block for tp = {DEGREES}"
+    return f"every rank within {TOLERANCE:g} of the unsplit block for tp = {case.degrees}"
 
 
-def _weight_grads(runs: dict[int, list[dict]]) -> str:
-    _, _, full = _twin()
+def _weight_grads(runs: dict[int, list[dict]], case: Case = SHOWN) -> str:
+    _, _, full = _twin(case)
     for tp, ranks in runs.items():
         for rank, result in enumerate(ranks):
-            mine = units(rank, tp)
+            mine = units(rank, tp, case.hidden)
             slices = {
                 "first.weight": full["first.weight"][mine],
                 "first.bias": full["first.bias"][mine],
@@ -282,11 +305,11 @@ def _weight_grads(runs: dict[int, list[dict]]) -> str:
                     where=f"tp={tp}, rank {rank}: ",
                     then=" against its slice of the unsplit block's",
                 )
-    return f"every shard's gradient = its slice of the unsplit block's for tp = {DEGREES}"
+    return f"every shard's gradient = its slice of the unsplit block's for tp = {case.degrees}"
 
 
-def _communication(runs: dict[int, list[dict]]) -> str:
-    activation = BATCH * HIDDEN * 8
+def _communication(runs: dict[int, list[dict]], case: Case = SHOWN) -> str:
+    activation = case.batch * case.hidden * 8
     for tp, ranks in runs.items():
         for rank, result in enumerate(ranks):
             for phase in ("forward", "backward"):
@@ -295,22 +318,29 @@ def _communication(runs: dict[int, list[dict]]) -> str:
                     raise CheckFailed(
                         f"tp={tp}, rank {rank}: the {phase} called comm.allreduce "
                         f"{len(sent)} time{'' if len(sent) == 1 else 's'} (bytes: {sent}); "
-                        f"Megatron's block calls it once, on the activation's {BATCH} x "
-                        f"{HIDDEN} float64 = {activation} bytes"
+                        f"Megatron's block calls it once, on the activation's {case.batch} x "
+                        f"{case.hidden} float64 = {activation} bytes"
                     )
     return f"one allreduce of {activation} bytes forward, one backward, per rank"
 
 
-def block_report(block_class: type) -> Report:
-    """Question 3's checks (computed once per class)."""
-    return _block_report(block_class)
+def block_report(block_class: type, *, hidden: bool = False) -> Report:
+    """Question 3's checks (computed once per class), the hidden one too if ``hidden``."""
+    report = _block_report(block_class)
+    if hidden:
+        report = Report(report.checks + (_hidden_block_check(block_class),))
+    return report
+
+
+def _block_runs(block_class: type, case: Case) -> dict[int, list[dict]]:
+    program = functools.partial(_block_program, block_class, case)
+    return {tp: _sim(program, tp) for tp in case.degrees}
 
 
 @functools.cache
 def _block_report(block_class: type) -> Report:
-    program = functools.partial(_block_program, block_class)
     try:
-        runs = {tp: _sim(program, tp) for tp in DEGREES}
+        runs = _block_runs(block_class, SHOWN)
     except Exception as exc:
         return Report(tuple(failed_all(BLOCK_CHECKS, f"on the simulator: {describe(exc)}")))
     hint = ": are the ranks' parts combined, and the second bias added once?"
@@ -324,13 +354,39 @@ def _block_report(block_class: type) -> Report:
     )
 
 
+def _unseen_block(block_class: type) -> str:
+    """Question 3's four checks on :data:`UNSEEN`, the first failure prefixed with its size."""
+    case = UNSEEN
+    try:
+        runs = _block_runs(block_class, case)
+        _compare(runs, "out", "", case)
+        _compare(runs, "grad_in", "", case)
+        _weight_grads(runs, case)
+        _communication(runs, case)
+    except Exception as exc:
+        raise CheckFailed(f"h={case.hidden}, a batch of {case.batch}, {describe(exc)}") from exc
+    return (
+        f"h={case.hidden}, a batch of {case.batch}, tp = {case.degrees}: the output and every "
+        "gradient of the unsplit block, one allreduce each way"
+    )
+
+
+@functools.cache
+def _hidden_block_check(block_class: type) -> Check:
+    name, points = HIDDEN_CHECK
+    return attempt(name, points, lambda: _unseen_block(block_class))
+
+
 def grade(
     column_parallel: Shard,
     row_parallel: Shard,
     operators: tuple[Operator, Operator, Operator, Operator],
     block_class: type,
+    *,
+    hidden: bool = False,
 ) -> Report:
-    """Every question's checks, in order (``operators``: f, f_backward, g, g_backward)."""
+    """Every question's checks, in order (``operators``: f, f_backward, g, g_backward): what
+    ``otter run`` totals, with ``hidden=True``."""
     checks = shard_report(column_parallel, row_parallel).checks
-    checks += operator_report(*operators).checks + block_report(block_class).checks
-    return Report(checks)
+    checks += operator_report(*operators).checks
+    return Report(checks + block_report(block_class, hidden=hidden).checks)

@@ -7,11 +7,14 @@ keeps the optimiser state of its shard only: the flattened gradients are reduce-
 the updated shards are all-gathered back into every replica (``comm.all_gather_into``).
 
 It runs on the simulator in float64 and is scored against the lab's own ``zero1`` on the same
-config: the parameters on 2 workers and on 3 (whose shards need padding: the MLP's 288,778
-parameters do not divide by 3), within 1e-10, replicas equal bit for bit; the optimiser state
+config: the parameters on 2 workers, within 1e-10, replicas equal bit for bit; the optimiser state
 each rank logs (the memory ledger's ``mem_optim``), 1/N of the unsharded one that the lab's
 ``allreduce`` logs; and the traffic, a reduce-scatter and an all-gather, 2(N − 1)/N × the
-parameters' bytes. A program that deadlocks fails every check by the simulator's detection.
+parameters' bytes (both on 3 workers). A hidden check (``report(..., hidden=True)``, what the
+autograder scores) asks for the parameters on 3 workers too, whose shards need padding (the MLP's
+288,778 parameters do not divide by 3): shards cut as if N divided the parameters pass every
+visible check and fail it. A program that deadlocks fails every check by the simulator's
+detection.
 """
 
 from __future__ import annotations
@@ -51,10 +54,10 @@ RUN = dict(
 )
 CHECKS = (
     ("q1-twin-sim", 3),
-    ("q1-padding-sim", 2),
     ("q1-memory-sim", 2),
     ("q1-traffic-sim", 1),
 )
+HIDDEN_CHECKS = (("q1-padding-hidden", 2),)
 
 
 def config(workers: int, name: str, **changes: Any) -> ExperimentConfig:
@@ -149,9 +152,13 @@ def _lab(workers: int, strategy: str = "zero1") -> Results:
     return run(cfg, progress=False, log=None)
 
 
-def report(train: Train) -> Report:
-    """Every check of ``train`` (computed once per function)."""
-    return _report(train)
+def report(train: Train, *, hidden: bool = False) -> Report:
+    """Every visible check of ``train``, and the hidden one if ``hidden`` (computed once per
+    function)."""
+    whole = _report(train)
+    if hidden:
+        return whole
+    return Report(tuple(c for c in whole.checks if c.name not in dict(HIDDEN_CHECKS)))
 
 
 @functools.cache
@@ -163,7 +170,7 @@ def _report(train: Train) -> Report:
         except Exception as exc:
             runs[workers] = exc  # type: ignore[assignment]
     checks: list[Check] = []
-    for name, points in CHECKS:
+    for name, points in CHECKS + HIDDEN_CHECKS:
         workers = EVEN if name == "q1-twin-sim" else PADDED
         mine = runs[workers]
         if isinstance(mine, BaseException):
@@ -171,7 +178,7 @@ def _report(train: Train) -> Report:
             checks.append(Check(name, points, False, why))
             continue
         body: Callable[[], str]
-        if name in ("q1-twin-sim", "q1-padding-sim"):
+        if name in ("q1-twin-sim", "q1-padding-hidden"):
             body = functools.partial(_twin, mine, _lab(workers), workers)
         elif name == "q1-memory-sim":
             full = _lab(workers, "allreduce")
@@ -182,6 +189,6 @@ def _report(train: Train) -> Report:
     return Report(tuple(checks))
 
 
-def grade(train: Train) -> Report:
-    """Every check, in order: what ``otter run`` totals."""
-    return report(train)
+def grade(train: Train, *, hidden: bool = False) -> Report:
+    """Every check, in order: what ``otter run`` totals, with ``hidden=True``."""
+    return report(train, hidden=hidden)
