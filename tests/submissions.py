@@ -1,56 +1,39 @@
-"""A graded assignment's submissions, from its master notebook: the reference solution with
-some of its lines replaced (a student's typical mistake), and the student version that
-``otter assign`` makes of it."""
+"""A graded assignment's reference solution, read from its master notebook, and the submissions
+the tests make of it: the notebook's first code cell (its imports) and every solution cell,
+with (old, new) edits applied (a student's typical mistake), run as one module of its own (as a
+notebook's functions are: Dask ships them by value, since no worker can import it)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
 ASSIGNMENTS = Path(__file__).resolve().parents[1] / "notebooks" / "assignment"
+MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION")
 
 
-def _setup_and_solutions(nb: Any) -> tuple[str, list[str]]:
-    """The master notebook's first code cell (its imports) and its solution cells' sources."""
-    setup = next(c.source for c in nb.cells if c.cell_type == "code")
+def solution_cells(nb: Any) -> list[str]:
+    """The sources of the code cells between the raw BEGIN/END SOLUTION cells, in order."""
     solutions, inside = [], False
     for cell in nb.cells:
-        marker = cell.source.strip() if cell.cell_type == "raw" else ""
-        if marker in ("# BEGIN SOLUTION", "# END SOLUTION"):
-            inside = marker == "# BEGIN SOLUTION"
+        if cell.cell_type == "raw" and cell.source.strip() in MARKERS:
+            inside = cell.source.strip() == MARKERS[0]
         elif inside and cell.cell_type == "code":
             solutions.append(cell.source)
-    return setup, solutions
+    return solutions
 
 
-def submission(notebook: str, *edits: tuple[str, str]) -> dict[str, Any]:
-    """The reference solution of ``notebook`` with each (old, new) text replaced once, defined
-    in a module of its own (as a notebook's functions are)."""
-    setup, solutions = _setup_and_solutions(nbformat.read(ASSIGNMENTS / notebook, as_version=4))
-    source = "\n\n".join([setup, *solutions])
+def submission(master: str, *edits: tuple[str, str]) -> dict[str, Any]:
+    """The namespace of ``master``'s reference solution with each (old, new) text replaced
+    once (each old text must occur exactly once)."""
+    nb = nbformat.read(ASSIGNMENTS / master, as_version=4)
+    setup = next(c.source for c in nb.cells if c.cell_type == "code")
+    source = "\n\n".join([setup, *solution_cells(nb)])
     for old, new in edits:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
     namespace: dict[str, Any] = {"__name__": "student_submission"}
     exec(compile(source, "<submission>", "exec"), namespace)
     return namespace
-
-
-def student_code(notebook: str, tmp: Path) -> str:
-    """The code cells of the student version ``otter assign`` makes of ``notebook``."""
-    master = tmp / notebook
-    master.write_bytes((ASSIGNMENTS / notebook).read_bytes())
-    made = subprocess.run(
-        [sys.executable, "-m", "otter", "assign", notebook, "dist"],
-        cwd=tmp,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert made.returncode == 0, made.stdout + made.stderr
-    student = nbformat.read(tmp / "dist" / "student" / notebook, as_version=4)
-    return "\n".join(c.source for c in student.cells if c.cell_type == "code")

@@ -15,6 +15,7 @@ from typing import Any
 
 import nbformat
 import pytest
+import submissions
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
 from scaledl_lab.assignments import ring_allreduce as ring_grader
@@ -26,33 +27,10 @@ RING_BODY = RING_HEAD + "    # BEGIN SOLUTION\n"
 MASTER = Path(__file__).resolve().parents[1] / "notebooks" / "assignment" / "ring_allreduce.ipynb"
 
 
-def _setup_and_solutions(nb: Any) -> tuple[str, list[str]]:
-    """The master notebook's first code cell (its imports) and its solution cells' sources."""
-    setup = next(c.source for c in nb.cells if c.cell_type == "code")
-    solutions, inside = [], False
-    for cell in nb.cells:
-        if cell.cell_type == "raw" and cell.source.strip() in (
-            "# BEGIN SOLUTION",
-            "# END SOLUTION",
-        ):
-            inside = cell.source.strip() == "# BEGIN SOLUTION"
-        elif inside and cell.cell_type == "code":
-            solutions.append(cell.source)
-    return setup, solutions
-
-
 def submission(*edits: tuple[str, str]) -> dict[str, Any]:
-    """The reference solution with each (old, new) text replaced once: a student's submission,
-    defined in a module of its own that no worker can import (Dask ships it by value, as it
-    does a notebook's functions)."""
-    setup, (ring, sgd) = _setup_and_solutions(nbformat.read(MASTER, as_version=4))
-    source = "\n\n".join([setup, ring, sgd])
-    for old, new in edits:
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    namespace: dict[str, Any] = {"__name__": "student_submission"}
-    exec(compile(source, "<submission>", "exec"), namespace)
-    return namespace
+    """The ring's reference solution with each (old, new) text replaced once: a student's
+    submission (:func:`submissions.submission`)."""
+    return submissions.submission(MASTER.name, *edits)
 
 
 @pytest.fixture(scope="module")

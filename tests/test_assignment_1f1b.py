@@ -6,7 +6,7 @@ milliseconds); a warm-up fitted to the visible cases fails the hidden check alon
 from __future__ import annotations
 
 import pytest
-from assignment_sources import submission
+from submissions import submission
 
 from scaledl_lab.assignments import one_f_one_b as schedule_grader
 from scaledl_lab.strategies.model_parallel import schedules

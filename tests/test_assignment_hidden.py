@@ -15,7 +15,7 @@ import zipfile
 import nbformat
 import pytest
 import yaml
-from assignment_sources import ASSIGNMENTS, MARKERS
+from submissions import ASSIGNMENTS, MARKERS
 
 NAMES = ("ring_allreduce", "bucketed_ddp", "zero1", "tensor_parallel_mlp", "one_f_one_b")
 CONFIG = re.compile(r'^""" # BEGIN TEST CONFIG\n(.*?)""" # END TEST CONFIG\n', re.S)

@@ -6,7 +6,7 @@ report)."""
 from __future__ import annotations
 
 import pytest
-from assignment_sources import submission
+from submissions import submission
 
 from scaledl_lab.assignments import tensor_parallel_mlp as tp_grader
 

@@ -35,7 +35,7 @@ from ..models import build_model
 from ..runtime.base import Comm, Pending, ring_allreduce_bytes
 from ..strategies.data_parallel.sync_sgd import bucket_params
 from ..training.worker import WorkerContext, load_for
-from .grading import Check, CheckFailed, Report, attempt, describe
+from .grading import TINY_RUN, Check, CheckFailed, Report, attempt, describe
 
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
 
@@ -44,18 +44,10 @@ TOLERANCE = 1e-10
 # MNIST-1D, the MLP (2.3 MB of float64 gradients, most of it one layer), float64, 3 steps of
 # 128 samples a worker on 10 GbE: backward is long enough for a bucket's transfer to hide in.
 RUN = dict(
+    **TINY_RUN,
     strategy="allreduce",
-    dataset="mnist1d",
-    model="mlp",
-    precision="float64",
-    train_subset=1200,
-    test_subset=200,
-    val_size=200,
     batch_size=128,
-    epochs=1,
     max_steps=3,
-    lr=0.05,
-    momentum=0.9,
     bucket_mb=1.0,
     network="10gbe",
 )

@@ -31,7 +31,7 @@ from ..models import build_model, count_parameters
 from ..runtime.base import Comm, Incoming, Pending
 from ..training.reference import train_sequential
 from ..training.worker import WorkerContext, load_for
-from .grading import Check, CheckFailed, Report, attempt, describe
+from .grading import TINY_RUN, Check, CheckFailed, Report, attempt, describe
 
 Ring = Callable[[Any, torch.Tensor], Coroutine[Any, Any, Any]]
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
@@ -44,18 +44,10 @@ TIMEOUT_S = 30.0  # a Dask rank that waits this long for a message ends the run 
 TOLERANCE = 1e-10
 # A tiny, fast, fully deterministic run: MNIST-1D, the MLP, float64, 12 steps.
 RUN = dict(
+    **TINY_RUN,
     strategy="allreduce-naive",
-    dataset="mnist1d",
-    model="mlp",
-    precision="float64",
-    train_subset=1200,
-    test_subset=200,
-    val_size=200,
     batch_size=16,
-    epochs=1,
     max_steps=12,
-    lr=0.05,
-    momentum=0.9,
     timeout_s=TIMEOUT_S,
 )
 

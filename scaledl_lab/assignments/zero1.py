@@ -30,7 +30,7 @@ from ..experiment import Results, run
 from ..models import build_model, count_parameters
 from ..runtime.base import ring_allreduce_bytes
 from ..training.worker import WorkerContext, load_for
-from .grading import Check, CheckFailed, Report, attempt, describe
+from .grading import TINY_RUN, Check, CheckFailed, Report, attempt, describe
 
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
 
@@ -39,18 +39,10 @@ EVEN, PADDED = 2, 3  # worker counts: the MLP's parameters divide by 2, not by 3
 # MNIST-1D, the MLP, float64, 4 steps of 16 samples a worker, SGD with momentum (its state:
 # one tensor the size of what it steps).
 RUN = dict(
+    **TINY_RUN,
     strategy="zero1",
-    dataset="mnist1d",
-    model="mlp",
-    precision="float64",
-    train_subset=1200,
-    test_subset=200,
-    val_size=200,
     batch_size=16,
-    epochs=1,
     max_steps=4,
-    lr=0.05,
-    momentum=0.9,
 )
 CHECKS = (
     ("q1-twin-sim", 3),
