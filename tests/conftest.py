@@ -7,7 +7,12 @@ collecting anything, with one message saying where the data was looked for and h
 from __future__ import annotations
 
 import csv
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,6 +53,64 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)  # children read it as they start
     torch.set_num_threads(threads)
+
+
+# Notebook kernels forked from one preloaded process per test process (tests/forked_kernel.py):
+# the kernel spec named python3 that nbval, otter and JupyterLab look up first runs its launcher.
+FORKED_KERNEL = Path(__file__).with_name("forked_kernel.py")
+_kernel_server: dict[str, object] = {}
+
+
+def _start_kernel_server() -> None:
+    """Start the preloading server in the background and put its kernel spec first on
+    ``JUPYTER_PATH`` (the first kernel waits until the server listens; without the server the
+    launcher starts the ordinary kernel)."""
+    home = Path(tempfile.mkdtemp(prefix="scaledl-kernels-"))
+    spec = home / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, str(FORKED_KERNEL), "launch", "-f", "{connection_file}"]
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": argv, "display_name": "Python 3 (ipykernel)", "language": "python",
+        "metadata": {"debugger": True},
+    }))  # fmt: skip
+    socket_path = str(home / "server.sock")
+    # What a kernel reads once, as matplotlib loads: the backend ipykernel would have chosen.
+    env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    log = (home / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, str(FORKED_KERNEL), "serve", socket_path],
+        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    _kernel_server.update(home=home, server=server, log=log)
+    os.environ["SCALEDL_KERNEL_SERVER"] = socket_path
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        [str(home), *filter(None, [os.environ.get("JUPYTER_PATH")])]
+    )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A kernel server in each process that will run notebooks (not pytest-xdist's controller)."""
+    controller = (
+        "PYTEST_XDIST_WORKER_COUNT" in os.environ and "PYTEST_XDIST_WORKER" not in os.environ
+    )
+    notebooks = any(type(item).__name__ == "IPyNbCell" for item in session.items)
+    wanted = os.environ.get("SCALEDL_FORK_KERNELS", "1") != "0"  # 0: every kernel started anew
+    linux = sys.platform.startswith("linux")  # fork, as runtime/processes.py forks workers
+    if notebooks and wanted and linux and not controller and not _kernel_server:
+        _start_kernel_server()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = _kernel_server.pop("server", None)
+    if server is not None:
+        server.terminate()  # it kills the kernels it forked
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        _kernel_server.pop("log").close()
+        shutil.rmtree(_kernel_server.pop("home"), ignore_errors=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
