@@ -22,6 +22,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 
 # What a kernel and a notebook's first cell import that decides nothing about where it runs as
 # it loads. Left out: pandas (its display.max_columns is chosen at import, by whether an IPython
@@ -39,6 +40,7 @@ PRELOAD = (
     "distributed",
 )
 SOCKET_VARIABLE = "SCALEDL_KERNEL_SERVER"  # the server's Unix socket, for the launchers
+START_S = 10.0  # how long a launcher waits for a server that has not made its socket yet
 
 
 def _ordinary_kernel() -> None:
@@ -51,7 +53,13 @@ def _ordinary_kernel() -> None:
 def launch() -> None:
     """The kernel spec's command: a kernel forked by the server, or the ordinary one."""
     path = os.environ.get(SOCKET_VARIABLE)
-    if not path or not os.path.exists(path):
+    if not path:
+        _ordinary_kernel()
+    waited = 0.0
+    while not os.path.exists(path) and waited < START_S:  # the server is still starting
+        time.sleep(0.05)
+        waited += 0.05
+    if not os.path.exists(path):
         _ordinary_kernel()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -85,7 +93,9 @@ def _run_kernel(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.path.insert(0, request["cwd"])  # `python -m ipykernel_launcher` puts its cwd first
+    # sys.path as ipykernel_launcher leaves it: without the directory of the script running.
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
     sys.argv = ["ipykernel_launcher", *request["argv"]]
     if parent := request["env"].get("JPY_PARENT_PID"):  # read as ipykernel's module loaded
         sys.argv.append(f"--IPKernelApp.parent_handle={parent}")
