@@ -10,8 +10,11 @@ Chrome trace JSON text (``export_chrome_trace``), under its result's ``"trace"``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,14 +38,16 @@ class StepProfiler:
         """The rank draws the batch of ``step``: step K's starts the profiler."""
         if step == self.step and self._profile is None and "trace" not in self.result:
             self._profile = profile(activities=self.activities)
-            self._profile.__enter__()
+            with _kineto_quiet():
+                self._profile.__enter__()
 
     def logged(self, step: int) -> None:
         """The rank logged the row of ``step``: step K's ends the recording."""
         if step != self.step or self._profile is None:
             return
         recorded, self._profile = self._profile, None
-        recorded.__exit__(None, None, None)
+        with _kineto_quiet():
+            recorded.__exit__(None, None, None)
         handle, path = tempfile.mkstemp(suffix=".json", prefix="scaledl-trace-")
         os.close(handle)
         try:
@@ -51,6 +56,23 @@ class StepProfiler:
                 self.result["trace"] = f.read()
         finally:
             os.unlink(path)
+
+
+@contextlib.contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """Drop what the profiler's C++ side (Kineto) writes to this process's stderr while it
+    starts and stops: banners ("profiler_start") and, on a Dask task's thread, a warning that
+    it was not initialised on that thread, which a notebook would show as the workers'
+    output. Python's own errors are raised, not written, so nothing of ours is lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_profile_step(cfg: ExperimentConfig, steps: int) -> None:
