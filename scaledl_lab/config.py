@@ -114,6 +114,7 @@ class ExperimentConfig:
     stragglers: str | None = _o(None, "sim: slow:RANK:FACTOR, spread:SIGMA, hiccup:PROB:S (commas)")
     # Faults and checkpoints (scaledl_lab.training.faults, scaledl_lab.training.checkpoint).
     faults: str | None = _o(None, "kill:RANK:STEP (commas): worker RANK dies after STEP")
+    profile_step: int | None = _o(None, "step K as a Chrome trace (trace-*.json)", metavar="K")
     checkpoint_every: int | str | None = _o(
         None,
         "N (steps) or Nepochs: checkpoints beside the metrics, for `scaledl-lab resume`",
@@ -238,7 +239,8 @@ CORE_FIELDS = tuple(
 _NUMBERS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
     (("workers", "epochs", "batch_size"), "a positive integer",
      lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
-    (("global_batch_size", "train_subset", "test_subset", "max_steps", "gpus_per_node"),
+    (("global_batch_size", "train_subset", "test_subset", "max_steps", "gpus_per_node",
+      "profile_step"),
      "a positive integer or None", lambda v: v is None or (isinstance(v, int) and v > 0)),
     (("val_size",), "a non-negative integer", lambda v: isinstance(v, int) and not v < 0),
     (("lr", "bucket_mb", "timeout_s"), "a positive number",

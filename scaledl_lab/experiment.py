@@ -23,6 +23,7 @@ from .strategies.launch import execute as execute_run
 from .training import whole_model
 from .training.checkpoint import Writer, is_checkpoint, kept_rows, left_on_disk
 from .training.worker import Program, steps_per_epoch_of, total_steps
+from .viz.trace import save_traces
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -107,6 +108,7 @@ class Results:
         text += generation_markdown(self)
         if len(self.events):
             text += self._save_pipeline(out)
+        save_traces(self, out)  # --profile-step K: its step as Chrome traces
         (out / "summary.md").write_text(text)
         self.save_weights(out)
         self.out_dir = out

@@ -1,7 +1,8 @@
-"""A student's session in a real browser: JupyterLab, headless Chromium, notebooks 01 and 03.
+"""A student's session in a real browser: JupyterLab, headless Chromium, notebooks 01, 03, 15.
 
 Notebook 03 is opened as stored: its interactive widget must show as a figure (an image in
-the page) before anything runs, not as widget text. Notebook 01 is opened as stored, then all
+the page) before anything runs, not as widget text; in the same page, notebook 15's figure of
+its two traces side by side must show as an image too. Notebook 01 is opened as stored, then all
 its cells run from the Run menu; the test presses the training panel's Run button after Run All
 (the notebook's last cell has shut its cluster down) and once more, and waits each time for the
 progress bar to reach 100 % and the curves to appear. A screenshot of every step is saved under
@@ -33,6 +34,7 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "01_data_parallel.ipynb"
 WIDGET_NOTEBOOK = "03_async_sgd.ipynb"  # an interact_manual panel (scaledl_lab.viz.static)
+TRACE_NOTEBOOK = "15_traces.ipynb"  # the two traces' static figure
 
 pytestmark = [
     pytest.mark.browser,
@@ -130,7 +132,7 @@ def lab(tmp_path: Path, artefacts: Path) -> Iterator[tuple[str, str]]:
     and 03 in quick mode; its kernels are shut down and the server stopped afterwards."""
     root, home = tmp_path / "lab", tmp_path / "home"
     root.mkdir()
-    for name in (NOTEBOOK, WIDGET_NOTEBOOK):
+    for name in (NOTEBOOK, WIDGET_NOTEBOOK, TRACE_NOTEBOOK):
         shutil.copy(REPO / "notebooks" / name, root / name)
     for name, values in SETTINGS.items():
         path = home / "settings" / f"{name}.jupyterlab-settings"
@@ -304,11 +306,25 @@ return {images: images.length, text: out.textContent.trim().slice(0, 300)};
 """
 
 
+# The output of the cell that draws notebook 15's two traces, as the page shows it.
+TRACE_JS = """
+const cell = [...document.querySelectorAll('.jp-CodeCell')]
+  .find(c => c.querySelector('.jp-InputArea').textContent.includes('plot_step_traces('));
+if (!cell) return null;
+cell.scrollIntoView({block: 'start'});
+const images = [...cell.querySelectorAll('.jp-OutputArea img')]
+  .filter(i => i.complete && i.naturalWidth > 0 && i.offsetParent !== null);
+return {images: images.length, width: images.length ? images[0].naturalWidth : 0};
+"""
+
+
 def test_notebook_03_shows_its_widget_as_a_figure_before_running(
     lab: tuple[str, str], browser: Any, artefacts: Path
 ) -> None:
     """As stored (executed with scaledl_lab.viz.static in its kernel), the interact panel's
-    first result is in the saved widget state: the page shows its figure, not widget text."""
+    first result is in the saved widget state: the page shows its figure, not widget text.
+    Then notebook 15, as stored: its static figure of the two traces of one step is drawn
+    (the same JupyterLab and browser: a page load more, a few seconds)."""
     base, token = lab
     browser.get(f"{base}/lab/tree/{WIDGET_NOTEBOOK}?token={token}")
 
@@ -322,3 +338,14 @@ def test_notebook_03_shows_its_widget_as_a_figure_before_running(
         assert "Error displaying widget" not in state["text"], state
     finally:
         browser.save_screenshot(str(artefacts / "03-opened.png"))
+    browser.get(f"{base}/lab/tree/{TRACE_NOTEBOOK}?token={token}")
+
+    def figure() -> Any:
+        state = browser.execute_script(TRACE_JS)
+        return state if state and state["images"] else None
+
+    try:
+        state = _wait("the traces' figure", figure, 120, lambda: browser.execute_script(TRACE_JS))
+        assert state["width"] > 800, state  # both traces, side by side
+    finally:
+        browser.save_screenshot(str(artefacts / "15-opened.png"))

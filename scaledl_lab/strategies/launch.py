@@ -27,6 +27,7 @@ from ..runtime.base import Comm, Emit, Launch, Outcome
 from ..runtime.sim.cost import Stragglers, build_cost_model
 from ..training.checkpoint import load_rank, load_servers
 from ..training.faults import check_fault_steps
+from ..training.profile import check_profile_step
 from ..training.worker import Program, WorkerContext, load_for, total_steps
 from .large_batch.checks import check_data as check_large_batch_data
 from .registry import Strategy, get_strategy
@@ -188,6 +189,7 @@ def check_data(cfg: ExperimentConfig) -> None:
         )
     check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
     check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
+    check_profile_step(cfg, total_steps(cfg))  # --profile-step K: a step the run takes
 
 
 def check_program(program: Any) -> None:

@@ -52,7 +52,8 @@ def scaling_sweep(
 
     ``settings`` maps a label to config changes (network, compute profile, ...).
     ``compute_s`` and ``comm_s`` are rank 0's compute and communication time per step over the
-    training steps, read from the recorded timeline; ``idle_s`` is its waiting.
+    training steps, read from the recorded timeline; ``idle_s`` is its waiting, ``hidden_s``
+    its transfers that ran behind compute (in neither: the step is compute + comm + idle).
     """
     settings = settings or DEFAULT_SETTINGS
     # The sweep reads the clock of the training steps only: no validation, one test sample
@@ -104,6 +105,7 @@ def scaling_sweep(
                 "compute_s": spent.get("compute", 0.0),
                 "comm_s": spent.get("comm", 0.0),
                 "idle_s": spent.get("idle", 0.0),
+                "hidden_s": spent.get("overlapped", 0.0),  # transfers behind compute
                 "bytes_per_step": int(train["bytes_sent"].median()),
             }
         )

@@ -33,6 +33,7 @@ from .faults import kill_step
 from .health import check_finite
 from .plan import load_for, make_optimizer, steps_per_epoch_of, total_steps
 from .precision import Precision
+from .profile import StepProfiler
 from .schedule import StepPlan, set_lr
 
 __all__ = [
@@ -105,6 +106,12 @@ class WorkerContext(Evaluation):
         self.bytes_saved = self._saved_logged = 0  # compression's codecs count what they save
         self.kill_step = kill_step(cfg.faults, cfg.workers, self.rank)  # an injected fault
         self.precision = Precision.of(cfg)  # 16 bits: logits cast, master weights, loss scale
+        self._drawn = 0  # batches drawn so far: the step whose batch is drawn next is one more
+        self.profiler = (  # --profile-step K on real workers (the simulator's is its timeline)
+            StepProfiler(cfg.profile_step, self.result, self.device)
+            if cfg.profile_step is not None and cfg.runtime == "dask"
+            else None
+        )
 
     # -- model and data -------------------------------------------------------------------
 
@@ -148,6 +155,9 @@ class WorkerContext(Evaluation):
         size = self.plan.batch_size(epoch) * cfg.accumulate
         for idx in epoch_batches(self.shard, size, seed=cfg.seed, epoch=epoch, rank=self.data_rank):
             x = model_input(train.x[idx], self.device, self.config.dtype)
+            self._drawn += 1
+            if self.profiler is not None:
+                self.profiler.drawn(self._drawn)
             yield x, train.y[idx].to(self.device)
 
     def local_batches(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -209,6 +219,8 @@ class WorkerContext(Evaluation):
         ``memory``: the step's ``mem_*`` columns (:meth:`.ledger.StepMemory.columns`).
         gpt-tiny-moe's ``moe_*`` columns come from :attr:`moe_loads`.
         """
+        if self.profiler is not None:
+            self.profiler.logged(step)
         uncompressed = sent + self.bytes_saved - self._saved_logged
         self._saved_logged = self.bytes_saved
         self.log(

@@ -138,7 +138,9 @@ class BucketedAllreduce:
         if not self.overlap:  # note the order only: synchronize reduces it after backward
             self._pending[b] = None
             return
-        self._pending[b] = self.comm.allreduce_start(self._flatten(b))
+        # In the background: a real runtime starts it now; the simulator times it from the
+        # point of backward that filled the bucket, so virtual time shows the overlap too.
+        self._pending[b] = self.comm.allreduce_background(self._flatten(b))
 
     def _flatten(self, b: int) -> torch.Tensor:
         """Bucket ``b``'s gradients as one tensor for the allreduce to sum in place; after it,
