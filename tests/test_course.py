@@ -312,6 +312,77 @@ def _legends_inside(fig) -> None:
                 assert not extent.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
 
 
+def _drawn_points(ax):
+    """Every point the axes draw, in display coordinates: the vertices of its lines and 20
+    points on each of their segments, and the markers of its scatter plots."""
+    import numpy as np
+
+    points = []
+    for line in ax.get_lines():
+        xy = ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        for a, b in zip(xy[:-1], xy[1:], strict=True):
+            points.append(a + np.linspace(0, 1, 20)[:, None] * (b - a))
+        points.append(xy)
+    for collection in ax.collections:
+        offsets = np.asarray(collection.get_offsets(), dtype=float)
+        if len(offsets):
+            points.append(collection.get_offset_transform().transform(offsets))
+    return np.concatenate(points) if points else np.empty((0, 2))
+
+
+def _legends_clear_of_data(fig) -> None:
+    """No legend lies over anything the figure plots (``_legends_inside`` has drawn it)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            points = _drawn_points(ax)
+            inside = [p for p in points if box.contains(*p)]
+            assert not inside, f"the legend covers {len(inside)} plotted points of {ax.get_title()!r}"
+
+
+def test_the_legend_check_finds_a_legend_over_data():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], label="a line through the middle")
+    ax.legend(loc="center")
+    with pytest.raises(AssertionError, match="covers"):
+        _legends_clear_of_data(fig)
+
+
+def test_the_large_batch_schedules_keep_their_legend_off_the_curves():
+    from scaledl_lab.studies.large_batch.report import figure_schedules, schedule_frame
+    from scaledl_lab.studies.large_batch.study import load_study
+
+    study = load_study(ROOT / "results" / "large-batch")  # notebook 07's figure
+    # Fashion-MNIST's 60,000 training images less the validation split, as the study trains.
+    shard = {r: (60_000 - c.val_size) // c.replicas for r, c in study.configs.items()}
+    fig = figure_schedules({study.roles[r]: schedule_frame(study.configs[r], shard[r])
+                            for r in ("warmup", "lars", "decay", "grow")})  # fmt: skip
+    _legends_inside(fig)
+    _legends_clear_of_data(fig)
+
+
+def test_the_drift_cloud_keeps_its_legend_off_the_dots():
+    import pandas as pd
+
+    from scaledl_lab.viz.drift import drift_cloud
+
+    runs = pd.read_csv(ROOT / "results" / "kernel-drift" / "runs.csv")
+    runs = runs[runs.case == "03 §3"]  # notebook 03's appendix
+    order = sorted(runs.run.unique())
+    fig = drift_cloud(runs, runs.groupby("run").test_acc.first(), order)
+    _legends_inside(fig)
+    _legends_clear_of_data(fig)
+
+
 @pytest.mark.parametrize("name", ["gap", "warmup", "smith", "sharpness"])
 def test_the_large_batch_figures_keep_their_legends_inside(name):
     from scaledl_lab.studies.large_batch.study import load_study
