@@ -343,7 +343,8 @@ def _legends_clear_of_data(fig) -> None:
         for ax in fig.axes:
             points = _drawn_points(ax)
             inside = [p for p in points if box.contains(*p)]
-            assert not inside, f"the legend covers {len(inside)} plotted points of {ax.get_title()!r}"
+            where = ax.get_title()
+            assert not inside, f"the legend covers {len(inside)} plotted points of {where!r}"
 
 
 def test_the_legend_check_finds_a_legend_over_data():

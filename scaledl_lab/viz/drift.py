@@ -23,8 +23,8 @@ def drift_cloud(runs: pd.DataFrame, this_run: pd.Series, order: Sequence[str]) -
         shift = 0.12 * (k - (len(kernels) - 1) / 2)
         x = [order.index(r) + shift for r in rows["run"]]
         seeds = rows["seed"].nunique() if "seed" in rows else len(rows)
-        ax.scatter(x, rows["test_acc"], s=18, alpha=0.8,
-                   label=f"{kernel} ({rows['capability'].iloc[0]}) kernels, {seeds} seeds")  # fmt: skip
+        label = f"{kernel} ({rows['capability'].iloc[0]}) kernels, {seeds} seeds"
+        ax.scatter(x, rows["test_acc"], s=18, alpha=0.8, label=label)
     ax.scatter(range(len(order)), this_run[order], marker="D", color="black", zorder=3,
                label="this run (seed 0)")  # fmt: skip
     ax.set_xticks(range(len(order)), order)

@@ -166,7 +166,8 @@ def _warmup_verdict(
     if not (gap > 0 and recovered >= RECOVERED) or ahead < -SPREAD_POINTS:
         return "not supported", f"{head}; {without})"
     if ahead <= SPREAD_POINTS:
-        return "inconclusive", f"{head}; {without}, within the ±{SPREAD_POINTS:g}-point spread of single-seed runs)"
+        spread = f"within the ±{SPREAD_POINTS:g}-point spread of single-seed runs"
+        return "inconclusive", f"{head}; {without}, {spread})"
     return "supported", f"{head}; {without})"
 
 
