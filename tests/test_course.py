@@ -314,7 +314,7 @@ def _legends_inside(fig) -> None:
 
 def _drawn_points(ax):
     """Every point the axes draw, in display coordinates: the vertices of its lines and 20
-    points on each of their segments, and the markers of its scatter plots."""
+    points on each of their segments, and the markers of its scatter plots, within its box."""
     import numpy as np
 
     points = []
@@ -328,7 +328,12 @@ def _drawn_points(ax):
         offsets = np.asarray(collection.get_offsets(), dtype=float)
         if len(offsets):
             points.append(collection.get_offset_transform().transform(offsets))
-    return np.concatenate(points) if points else np.empty((0, 2))
+    if not points:
+        return np.empty((0, 2))
+    points = np.concatenate(points)
+    box = ax.bbox  # what falls outside the axes is clipped: not drawn
+    inside = (points[:, 0] >= box.x0) & (points[:, 0] <= box.x1)
+    return points[inside & (points[:, 1] >= box.y0) & (points[:, 1] <= box.y1)]
 
 
 def _legends_clear_of_data(fig) -> None:
@@ -410,3 +415,54 @@ def test_the_committed_comparisons_standard_figures_keep_their_legends_inside():
     for name, fig in standard_figures(frame):
         if name != "throughput.png":  # a bar chart: no legend
             _legends_inside(fig)
+
+
+# -- the committed notebooks' images: widgets show a result, figures a projectable resolution ----
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+CONTROLS_ONLY_PX = 120  # a static strip of widget controls is about 60 px high
+
+
+def _pngs(cell: dict) -> list[tuple[bool, object]]:
+    """(whether it is a widget's static figure, the image) of each PNG a cell's outputs hold."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    found = []
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        if "image/png" in data:
+            image = Image.open(io.BytesIO(base64.b64decode(data["image/png"])))
+            found.append((WIDGET_VIEW in data, image))
+    return found
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_every_widget_leaves_a_result_a_static_viewer_can_see(path):
+    """A cell that shows a widget also shows what it computed (a figure, in the widget's own
+    static PNG or beside it), not only its controls, which a viewer without a kernel cannot
+    use."""
+    for i, cell in enumerate(_cells(path)):
+        images = _pngs(cell)
+        if any(is_widget for is_widget, _ in images):
+            tallest = max(image.size[1] for _, image in images)
+            assert tallest > CONTROLS_ONLY_PX, f"{path.name} cell {i}: only the widget's controls"
+
+
+def test_the_paper_comparisons_panels_hold_a_few_runs_each_with_legends_off_the_curves():
+    import pandas as pd
+
+    from scaledl_lab.viz.small_multiples import small_multiples
+
+    frame = pd.read_parquet(ROOT / "results" / "reproduce-quick" / "metrics.parquet")
+    runs = list(dict.fromkeys(frame["run"]))
+    real = [r for r in runs if " · dask · " in r]  # notebook 05's first panel, of three
+    fig = small_multiples(frame, {"real": real, "simulated": [r for r in runs if r not in real]})
+    _legends_inside(fig)
+    _legends_clear_of_data(fig)
+    tests = frame[frame["kind"] == "test"]
+    start = tests.loc[tests["epoch"] == 0, "accuracy"].max()  # every run's untrained score
+    for ax in fig.axes:
+        assert ax.get_ylim()[0] > start, ax.get_title()  # zoomed to where the curves part
