@@ -3,9 +3,10 @@
 from .config import ExperimentConfig, is_quick, quick
 from .errors import ConfigError, DivergenceError, RunError, ServerLostError, WorkerLostError
 from .experiment import Results, compare, run
-from .viz import plots, static
+from .viz import plots, static, style
 
 static.install_in_kernel()  # in a notebook: every widget also leaves a static figure
+style.apply_in_kernel()  # in a notebook: every figure at the lab's resolution
 
 __version__ = "0.1.0"
 

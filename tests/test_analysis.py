@@ -504,6 +504,14 @@ def test_each_quote_occurs_verbatim_in_paper_md_and_none_only_describes_the_expe
         assert PAPER_MD.read_text() == SHARED_PAPER_MD.read_text()
 
 
+def test_no_two_claims_read_the_same_sentence():
+    quotes = list(claims.QUOTES.values())
+    for key, quote in claims.QUOTES.items():
+        others = [q for q in quotes if q != quote]
+        assert quotes.count(quote) == 1, f"{key}: {quote!r} is quoted by another claim too"
+        assert not any(quote in q or q in quote for q in others), key
+
+
 def _drift(**values) -> pd.DataFrame:
     row = {"case": "c", "run": "r", "metric": "test_acc", "mean": 0.72, "sd": 0.01,
            "min": 0.70, "max": 0.74}  # fmt: skip

@@ -68,7 +68,7 @@ def test_the_large_batch_summary_renders_as_committed():
     assert study.summary() == (out / "summary.md").read_text()
     assert {k: c.verdict for k, c in study.claims.items()} == {
         "gap": "supported",
-        "warmup": "supported",
+        "warmup": "inconclusive",  # 86.4% with warmup, 86.2% without: level
         "smith": "supported",
         "sharp": "not supported",
     }

@@ -312,6 +312,83 @@ def _legends_inside(fig) -> None:
                 assert not extent.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
 
 
+def _drawn_points(ax):
+    """Every point the axes draw, in display coordinates: the vertices of its lines and 20
+    points on each of their segments, and the markers of its scatter plots, within its box."""
+    import numpy as np
+
+    points = []
+    for line in ax.get_lines():
+        xy = ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        for a, b in zip(xy[:-1], xy[1:], strict=True):
+            points.append(a + np.linspace(0, 1, 20)[:, None] * (b - a))
+        points.append(xy)
+    for collection in ax.collections:
+        offsets = np.asarray(collection.get_offsets(), dtype=float)
+        if len(offsets):
+            points.append(collection.get_offset_transform().transform(offsets))
+    if not points:
+        return np.empty((0, 2))
+    points = np.concatenate(points)
+    box = ax.bbox  # what falls outside the axes is clipped: not drawn
+    inside = (points[:, 0] >= box.x0) & (points[:, 0] <= box.x1)
+    return points[inside & (points[:, 1] >= box.y0) & (points[:, 1] <= box.y1)]
+
+
+def _legends_clear_of_data(fig) -> None:
+    """No legend lies over anything the figure plots (``_legends_inside`` has drawn it)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            points = _drawn_points(ax)
+            inside = [p for p in points if box.contains(*p)]
+            where = ax.get_title()
+            assert not inside, f"the legend covers {len(inside)} plotted points of {where!r}"
+
+
+def test_the_legend_check_finds_a_legend_over_data():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], label="a line through the middle")
+    ax.legend(loc="center")
+    with pytest.raises(AssertionError, match="covers"):
+        _legends_clear_of_data(fig)
+
+
+def test_the_large_batch_schedules_keep_their_legend_off_the_curves():
+    from scaledl_lab.studies.large_batch.report import figure_schedules, schedule_frame
+    from scaledl_lab.studies.large_batch.study import load_study
+
+    study = load_study(ROOT / "results" / "large-batch")  # notebook 07's figure
+    # Fashion-MNIST's 60,000 training images less the validation split, as the study trains.
+    shard = {r: (60_000 - c.val_size) // c.replicas for r, c in study.configs.items()}
+    fig = figure_schedules({study.roles[r]: schedule_frame(study.configs[r], shard[r])
+                            for r in ("warmup", "lars", "decay", "grow")})  # fmt: skip
+    _legends_inside(fig)
+    _legends_clear_of_data(fig)
+
+
+def test_the_drift_cloud_keeps_its_legend_off_the_dots():
+    import pandas as pd
+
+    from scaledl_lab.viz.drift import drift_cloud
+
+    runs = pd.read_csv(ROOT / "results" / "kernel-drift" / "runs.csv")
+    runs = runs[runs.case == "03 §3"]  # notebook 03's appendix
+    order = sorted(runs.run.unique())
+    fig = drift_cloud(runs, runs.groupby("run").test_acc.first(), order)
+    _legends_inside(fig)
+    _legends_clear_of_data(fig)
+
+
 @pytest.mark.parametrize("name", ["gap", "warmup", "smith", "sharpness"])
 def test_the_large_batch_figures_keep_their_legends_inside(name):
     from scaledl_lab.studies.large_batch.study import load_study
@@ -338,3 +415,54 @@ def test_the_committed_comparisons_standard_figures_keep_their_legends_inside():
     for name, fig in standard_figures(frame):
         if name != "throughput.png":  # a bar chart: no legend
             _legends_inside(fig)
+
+
+# -- the committed notebooks' images: widgets show a result, figures a projectable resolution ----
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+CONTROLS_ONLY_PX = 120  # a static strip of widget controls is about 60 px high
+
+
+def _pngs(cell: dict) -> list[tuple[bool, object]]:
+    """(whether it is a widget's static figure, the image) of each PNG a cell's outputs hold."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    found = []
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        if "image/png" in data:
+            image = Image.open(io.BytesIO(base64.b64decode(data["image/png"])))
+            found.append((WIDGET_VIEW in data, image))
+    return found
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_every_widget_leaves_a_result_a_static_viewer_can_see(path):
+    """A cell that shows a widget also shows what it computed (a figure, in the widget's own
+    static PNG or beside it), not only its controls, which a viewer without a kernel cannot
+    use."""
+    for i, cell in enumerate(_cells(path)):
+        images = _pngs(cell)
+        if any(is_widget for is_widget, _ in images):
+            tallest = max(image.size[1] for _, image in images)
+            assert tallest > CONTROLS_ONLY_PX, f"{path.name} cell {i}: only the widget's controls"
+
+
+def test_the_paper_comparisons_panels_hold_a_few_runs_each_with_legends_off_the_curves():
+    import pandas as pd
+
+    from scaledl_lab.viz.small_multiples import small_multiples
+
+    frame = pd.read_parquet(ROOT / "results" / "reproduce-quick" / "metrics.parquet")
+    runs = list(dict.fromkeys(frame["run"]))
+    real = [r for r in runs if " · dask · " in r]  # notebook 05's first panel, of three
+    fig = small_multiples(frame, {"real": real, "simulated": [r for r in runs if r not in real]})
+    _legends_inside(fig)
+    _legends_clear_of_data(fig)
+    tests = frame[frame["kind"] == "test"]
+    start = tests.loc[tests["epoch"] == 0, "accuracy"].max()  # every run's untrained score
+    for ax in fig.axes:
+        assert ax.get_ylim()[0] > start, ax.get_title()  # zoomed to where the curves part

@@ -16,9 +16,32 @@ def _arrows(ax) -> int:
     return sum(isinstance(p, FancyArrowPatch) for p in ax.patches)
 
 
-def test_ring_allreduce_has_one_arrow_per_rank():
-    ax = diagrams.ring_allreduce_diagram(5, ax=Figure().subplots())
-    assert _arrows(ax) == 5
+def test_ring_allreduce_steps_reduce_scatter_then_all_gather():
+    n = 5
+    steps = diagrams.ring_allreduce_steps(n)
+    phases = [phase for phase, _, _ in steps]
+    assert phases == ["start"] + ["reduce-scatter"] * (n - 1) + ["all-gather"] * (n - 1)
+    for _, _, received in steps[1:]:  # every rank receives exactly one chunk per step
+        assert sorted(received) == list(range(n))
+    # After reduce-scatter every rank holds exactly one finished sum, chunk r + 1 ...
+    _, counts, _ = steps[n - 1]
+    for r, row in enumerate(counts):
+        assert [c for c in range(n) if row[c] == n] == [(r + 1) % n]
+    # ... and after all-gather every chunk of every rank sums all n gradients.
+    assert steps[-1][1] == [[n] * n for _ in range(n)]
+
+
+def test_ring_allreduce_diagram_draws_both_phases_and_outlines_each_received_chunk():
+    from matplotlib.patches import Rectangle
+
+    n = 5
+    ax = diagrams.ring_allreduce_diagram(n, ax=Figure().subplots())
+    chunks = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(chunks) == (2 * (n - 1) + 1) * n * n  # a row of n chunks per rank per column
+    outlined = [p for p in chunks if p.get_linewidth() > 1]
+    assert len(outlined) == 2 * (n - 1) * n
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "reduce-scatter" in texts and "all-gather" in texts
     assert "N = 5" in ax.get_title()
 
 

@@ -43,7 +43,7 @@ def _sharp(small: tuple[float, float], large: tuple[float, float]) -> pd.DataFra
 
 
 def test_claims_follow_their_rules():
-    final = dict(small=0.88, naive=0.80, scaled=0.85, warmup=0.86, lars=0.86, decay=0.89,
+    final = dict(small=0.88, naive=0.80, scaled=0.83, warmup=0.86, lars=0.86, decay=0.89,
                  grow=0.885)  # fmt: skip
     frame = _frame(final, {"decay": 30, "grow": 12}, {"naive": 4096})
     claims = verdicts(frame, _sharp((10, 5), (30, 6)), ROLES, {})
@@ -54,6 +54,7 @@ def test_claims_follow_their_rules():
         "gap_points": 8.0, "small_batch": 128, "naive_batch": 4096})  # fmt: skip
     assert claims["warmup"].figures["recovered_share"] == pytest.approx(0.75)
     assert claims["warmup"].figures["scaled_diverged"] == 0.0
+    assert claims["warmup"].figures["warmup_over_scaled_points"] == pytest.approx(3.0)
     assert claims["smith"].figures["fewer_updates"] == pytest.approx(2.5)
     assert claims["smith"].figures["diff_points"] == pytest.approx(-0.5)
     assert claims["sharp"].figures == pytest.approx(
@@ -91,6 +92,27 @@ def test_each_rule_can_fail(changes, key):
     claims = verdicts(frame, _sharp((10, 5), (30, 6)), ROLES, {"scaled": "diverged"})
     assert claims[key].verdict == "not supported"
     assert claims["warmup"].figures["scaled_diverged"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("scaled", "verdict"),
+    [
+        (0.855, "inconclusive"),  # warmup 0.5 points ahead: within the seeds' spread
+        (0.845, "inconclusive"),  # 1.5 points: still within it
+        (0.875, "inconclusive"),  # 1.5 points behind: level too
+        (0.835, "supported"),  # 2.5 points ahead: the warmup's own gain
+        (0.89, "not supported"),  # 3 points behind the run without warmup
+    ],
+)
+def test_warmup_is_credited_only_beyond_the_seed_spread(scaled, verdict):
+    final = dict(small=0.88, naive=0.80, scaled=scaled, warmup=0.86, lars=0.86, decay=0.89,
+                 grow=0.885)  # fmt: skip
+    claims = verdicts(_frame(final, {}, {}), _sharp((10, 5), (30, 6)), ROLES, {})
+    warmup = claims["warmup"]
+    assert warmup.verdict == verdict, warmup.reason
+    assert warmup.figures["recovered_share"] == pytest.approx(0.75)  # the gap does come back
+    if verdict == "inconclusive":
+        assert "within the ±2-point spread" in warmup.reason
 
 
 def test_sharper_needs_both_measures():

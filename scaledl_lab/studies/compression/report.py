@@ -183,18 +183,26 @@ def bytes_at_evaluations(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def plot_accuracy(frame: pd.DataFrame, x: str = "epoch", ax: Axes | None = None) -> Figure:
-    """Test accuracy of every run against epochs or against the bytes sent (log scale, from
-    the first evaluation after training started)."""
+def plot_accuracy(
+    frame: pd.DataFrame, x: str = "epoch", ax: Axes | None = None, runs: list[str] | None = None
+) -> Figure:
+    """Test accuracy of every run (or of ``runs`` only) against epochs or against the bytes
+    sent (log scale, from the first evaluation after training started). A run's colour is its
+    place in ``frame``, so that panels drawing parts of one frame agree; without error feedback
+    a run is dashed."""
     if ax is None:
         fig = Figure(figsize=(6.4, 4.0), layout="constrained")
         ax = fig.add_subplot()
     points = bytes_at_evaluations(frame)
     if x == "bytes_sent":
         points = points[points["bytes_sent"] > 0]
-    for i, (run, rows) in enumerate(points.groupby("run", sort=False)):
+    order = list(dict.fromkeys(frame["run"]))
+    for run, rows in points.groupby("run", sort=False):
+        if runs is not None and run not in runs:
+            continue
         style = "--" if run.endswith("no EF") else "-"
-        ax.plot(rows[x], rows["accuracy"], style, marker="o", ms=3, label=run, color=f"C{i}")
+        colour = f"C{order.index(run) % 10}"
+        ax.plot(rows[x], rows["accuracy"], style, marker="o", ms=3, label=run, color=colour)
     if x == "bytes_sent":
         ax.set_xscale("log")
         ax.set_xlabel("bytes sent by one worker (cumulative)")
@@ -203,6 +211,26 @@ def plot_accuracy(frame: pd.DataFrame, x: str = "epoch", ax: Axes | None = None)
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)
     return ax.figure  # type: ignore[return-value]
+
+
+def figure_groups(frame: pd.DataFrame, groups: dict[str, list[str]]) -> Figure:
+    """Small multiples of :func:`plot_accuracy`: one row per group of runs (its title → its
+    runs), by epoch and by bytes, the accuracy axis zoomed to the evaluations after the start
+    (where every run scores the same untrained model) and each row's legend beside it."""
+    fig = Figure(figsize=(12.5, 3.6 * len(groups)), layout="constrained")
+    rows = fig.subplots(len(groups), 2, squeeze=False)
+    points = bytes_at_evaluations(frame)
+    for (title, runs), (by_epoch, by_bytes) in zip(groups.items(), rows, strict=True):
+        plot_accuracy(frame, "epoch", by_epoch, runs)
+        plot_accuracy(frame, "bytes_sent", by_bytes, runs)
+        later = points[points["run"].isin(runs) & (points["epoch"] > 0)]["accuracy"]
+        pad = 0.08 * (later.max() - later.min()) or 0.01
+        for ax in (by_epoch, by_bytes):
+            ax.set_ylim(later.min() - pad, later.max() + pad)
+        by_epoch.set_title(f"{title}: by epoch")
+        by_bytes.set_title(f"{title}: by bytes one worker sent")
+        by_bytes.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    return fig
 
 
 def save_figures(results: Results, out: str | os.PathLike[str]) -> list[Path]:
