@@ -87,7 +87,9 @@ class Results:
 
     def save(self, out_dir: str | os.PathLike[str], *, figures: bool = True) -> Path:
         """Write metrics.csv/.parquet, config.json, PNG plots (``figures``) and summary.md."""
+        from .training.ledger import memory_markdown
         from .viz import plots
+        from .viz.text import generation_markdown
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -100,12 +102,7 @@ class Results:
         warnings = self.warnings()
         if warnings:
             text += "\n## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings)
-        from .training.ledger import memory_markdown
-
-        text += memory_markdown(self.frame)
-        from .viz.text import generation_markdown
-
-        text += generation_markdown(self)
+        text += memory_markdown(self.frame) + generation_markdown(self)
         if len(self.events):
             text += self._save_pipeline(out)
         save_traces(self, out)  # --profile-step K: its step as Chrome traces
@@ -215,9 +212,8 @@ def compare(
     ``resume`` (:func:`scaledl_lab.resume.resume`): one config continues from the
     checkpoint of that step in ``out`` (each rank reads its own file there), its rows appended
     to the table. ``weights=False`` keeps no run's final model (a sweep of large models then
-    holds only its tables: ``model_state_dict`` and ``state_dict`` say so, ``sharpness`` fails).
-    ``figures=False`` writes ``out`` without its PNG figures (tables, summary and weights only:
-    a folder kept to be resumed or read by a script, ~0.2 s of plotting saved per figure).
+    holds only its tables: ``model_state_dict`` and ``state_dict`` say so, ``sharpness`` fails);
+    ``figures=False`` writes ``out`` without its PNGs (a folder to resume or for a script).
 
     ``strategy``: a per-worker program of your own (``async def train(ctx)``, e.g. written in a
     notebook) that every config runs instead of its named strategy's; the config's ``strategy``

@@ -6,8 +6,10 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
+import torch
 
 from ..errors import RunError
 
@@ -102,3 +104,22 @@ def attempt(name: str, points: float, body: Callable[[], str]) -> Check:
 def failed_all(names: Iterable[tuple[str, float]], why: str) -> list[Check]:
     """The checks that could not run because what they depend on failed first."""
     return [Check(name, points, False, why) for name, points in names]
+
+
+def mismatch(what: str, got: Any, want: Any, tolerance: float = 1e-10) -> str | None:
+    """Why ``got`` is not the tensor ``want`` (within ``tolerance``), or None."""
+    if not isinstance(got, torch.Tensor):
+        return f"{what} is a {type(got).__name__}, not a tensor"
+    if got.shape != want.shape:
+        return f"{what} has shape {tuple(got.shape)}, not {tuple(want.shape)}"
+    gap = (got.detach() - want).abs().max().item()
+    if gap > tolerance:
+        return f"{what} is off by up to {gap:.3g} (float64 allows {tolerance:g})"
+    return None
+
+
+def expect(what: str, got: Any, want: Any, *, where: str = "", then: str = "") -> None:
+    """A CheckFailed, ``where`` + why + ``then``, unless ``got`` is ``want``."""
+    why = mismatch(what, got, want)
+    if why is not None:
+        raise CheckFailed(f"{where}{why}{then}")

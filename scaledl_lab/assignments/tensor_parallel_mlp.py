@@ -31,9 +31,9 @@ from torch import nn
 
 from ..config import ExperimentConfig
 from ..experiment import run
-from ..runtime.base import Comm
 from ..training.worker import WorkerContext
-from .grading import Check, CheckFailed, Report, attempt, describe, failed_all
+from .comm_views import Collectives
+from .grading import Check, CheckFailed, Report, attempt, describe, expect, failed_all
 
 Shard = Callable[[nn.Linear, int, int], nn.Linear]
 Operator = Callable[[Any, torch.Tensor], Coroutine[Any, Any, torch.Tensor]]
@@ -79,35 +79,6 @@ BLOCK_CHECKS = (
 HIDDEN_CHECK = ("q3-block-hidden", 2)
 
 
-class Collectives:
-    """The part of :class:`Comm` this assignment may use: rank, size and ``allreduce``, each call
-    recorded as (phase, elements, bytes) under the phase the grader is in. Every other method
-    raises, saying so."""
-
-    def __init__(self, comm: Comm) -> None:
-        self._comm = comm
-        self.phase = ""
-        self.calls: list[tuple[str, int, int]] = []
-
-    @property
-    def rank(self) -> int:
-        return self._comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._comm.world_size
-
-    async def allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.calls.append((self.phase, tensor.numel(), tensor.numel() * tensor.element_size()))
-        return await self._comm.allreduce(tensor)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"comm.{name} is not part of this exercise: Megatron's f and g need only "
-            "await comm.allreduce(tensor) (in place, the sum over the ranks)"
-        )
-
-
 def unsplit_block(case: Case = SHOWN) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
     """``Linear(h, 4h) → ReLU → Linear(4h, h)`` in float64, an input and an output gradient
     (the same on every rank: tensor parallelism gives every rank the whole batch)."""
@@ -128,25 +99,6 @@ def units(rank: int, tp: int, hidden: int = HIDDEN) -> slice:
     return slice(rank * width, (rank + 1) * width)
 
 
-def _mismatch(what: str, got: Any, want: torch.Tensor) -> str | None:
-    """Why ``got`` is not ``want`` (within the tolerance), or None."""
-    if not isinstance(got, torch.Tensor):
-        return f"{what} is a {type(got).__name__}, not a tensor"
-    if got.shape != want.shape:
-        return f"{what} has shape {tuple(got.shape)}, not {tuple(want.shape)}"
-    gap = (got.detach() - want).abs().max().item()
-    if gap > TOLERANCE:
-        return f"{what} is off by up to {gap:.3g} (float64 allows {TOLERANCE:g})"
-    return None
-
-
-def _expect(what: str, got: Any, want: torch.Tensor, *, where: str = "", then: str = "") -> None:
-    """A CheckFailed, ``where`` + why + ``then``, unless ``got`` is ``want``."""
-    why = _mismatch(what, got, want)
-    if why is not None:
-        raise CheckFailed(f"{where}{why}{then}")
-
-
 def _shards(column_parallel: Shard, row_parallel: Shard) -> str:
     first, second, _, _ = unsplit_block()
     for tp in DEGREES:
@@ -154,12 +106,12 @@ def _shards(column_parallel: Shard, row_parallel: Shard) -> str:
             mine = units(rank, tp)
             up = column_parallel(first, rank, tp)
             where = f"column_parallel(Linear({HIDDEN}, {4 * HIDDEN}), rank={rank}, tp={tp})"
-            _expect(f"{where}.weight", up.weight, first.weight[mine].detach())
-            _expect(f"{where}.bias", up.bias, first.bias[mine].detach())
+            expect(f"{where}.weight", up.weight, first.weight[mine].detach())
+            expect(f"{where}.bias", up.bias, first.bias[mine].detach())
             down = row_parallel(second, rank, tp)
             where = f"row_parallel(Linear({4 * HIDDEN}, {HIDDEN}), rank={rank}, tp={tp})"
-            _expect(f"{where}.weight", down.weight, second.weight[:, mine].detach())
-            _expect(f"{where}.bias", down.bias, second.bias.detach())
+            expect(f"{where}.weight", down.weight, second.weight[:, mine].detach())
+            expect(f"{where}.bias", down.bias, second.bias.detach())
     return f"rank r's slices r·4h/tp:(r+1)·4h/tp of both Linears for tp = {DEGREES}"
 
 
@@ -200,7 +152,7 @@ def _operator(runs: dict[int, list[dict]], forward: str, backward: str, sums: st
             for name in (forward, backward):
                 want = total if name == sums else _operand(rank)
                 what = "the sum over the ranks" if name == sums else "its input, unchanged"
-                _expect(
+                expect(
                     f"{name}(comm, x)",
                     result["outputs"][name],
                     want,
@@ -277,7 +229,7 @@ def _compare(runs: dict[int, list[dict]], key: str, hint: str, case: Case = SHOW
     for tp, ranks in runs.items():
         for rank, result in enumerate(ranks):
             where = f"tp={tp}, rank {rank}: "
-            _expect(what, result[key], want, where=where, then=f" against the unsplit block{hint}")
+            expect(what, result[key], want, where=where, then=f" against the unsplit block{hint}")
     return f"every rank within {TOLERANCE:g} of the unsplit block for tp = {case.degrees}"
 
 
@@ -298,7 +250,7 @@ def _weight_grads(runs: dict[int, list[dict]], case: Case = SHOWN) -> str:
                     raise CheckFailed(
                         f"tp={tp}, rank {rank}: {name} has no gradient after backward"
                     )
-                _expect(
+                expect(
                     f"the gradient of {name}",
                     got,
                     want,
