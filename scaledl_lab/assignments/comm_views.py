@@ -11,13 +11,14 @@ import torch
 from ..runtime.base import Comm, Incoming, Pending
 
 
-class PointToPoint:
-    """The part of :class:`Comm` that question 1 may use: its rank and size, the bytes it has
-    sent, and send/recv (blocking or not). Every other method raises, saying so."""
+class _View:
+    """A worker's rank and size, read through to its ``Comm``; what else a view allows is its
+    subclass's; any other attribute raises (``__getattr__``), saying what is allowed."""
+
+    allowed = ""
 
     def __init__(self, comm: Comm) -> None:
         self._comm = comm
-        self.messages = 0  # sends so far: a ring sends 2(N − 1)
 
     @property
     def rank(self) -> int:
@@ -26,6 +27,20 @@ class PointToPoint:
     @property
     def world_size(self) -> int:
         return self._comm.world_size
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"comm.{name} is not part of this exercise: {self.allowed}")
+
+
+class PointToPoint(_View):
+    """The part of :class:`Comm` that question 1 may use: its rank and size, the bytes it has
+    sent, and send/recv (blocking or not). Every other method raises, saying so."""
+
+    allowed = "build the ring from comm.send and comm.recv (or isend/irecv) only"
+
+    def __init__(self, comm: Comm) -> None:
+        super().__init__(comm)
+        self.messages = 0  # sends so far: a ring sends 2(N − 1)
 
     @property
     def bytes_sent(self) -> int:
@@ -48,37 +63,22 @@ class PointToPoint:
     async def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         return await self._comm.recv(tensor, src)
 
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"comm.{name} is not part of this exercise: build the ring from comm.send and "
-            "comm.recv (or isend/irecv) only"
-        )
 
-
-class Collectives:
+class Collectives(_View):
     """The part of :class:`Comm` this assignment may use: rank, size and ``allreduce``, each call
     recorded as (phase, elements, bytes) under the phase the grader is in. Every other method
     raises, saying so."""
 
+    allowed = (
+        "Megatron's f and g need only await comm.allreduce(tensor) (in place, the sum over "
+        "the ranks)"
+    )
+
     def __init__(self, comm: Comm) -> None:
-        self._comm = comm
+        super().__init__(comm)
         self.phase = ""
         self.calls: list[tuple[str, int, int]] = []
-
-    @property
-    def rank(self) -> int:
-        return self._comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._comm.world_size
 
     async def allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
         self.calls.append((self.phase, tensor.numel(), tensor.numel() * tensor.element_size()))
         return await self._comm.allreduce(tensor)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"comm.{name} is not part of this exercise: Megatron's f and g need only "
-            "await comm.allreduce(tensor) (in place, the sum over the ranks)"
-        )
