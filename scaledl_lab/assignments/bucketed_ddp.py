@@ -26,7 +26,6 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pandas as pd
 import torch
 
 from ..config import ExperimentConfig
@@ -35,7 +34,17 @@ from ..models import build_model
 from ..runtime.base import Comm, Pending, ring_allreduce_bytes
 from ..strategies.data_parallel.sync_sgd import bucket_params
 from ..training.worker import WorkerContext, load_for
-from .grading import TINY_RUN, Check, CheckFailed, Report, attempt, describe
+from .grading import (
+    TINY_RUN,
+    Check,
+    CheckFailed,
+    Report,
+    attempt,
+    describe,
+    require_step_bytes,
+    state_gap,
+    train_rows,
+)
 
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
 
@@ -131,48 +140,33 @@ def expected_buckets(cfg: ExperimentConfig) -> list[int]:
     return [sum(p.numel() for p in bucket) for bucket in buckets]
 
 
-def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
 def _twin(mine: Results, lab: Results) -> str:
     states = [out.get("state_dict") for out in mine.outputs[mine.configs[0].label]]
     if any(s is None for s in states):
         raise CheckFailed("a rank kept no model: end ddp_train with ctx.keep_model(model)")
-    gap = _gap(states[0], lab.state_dict())
+    gap = state_gap(states[0], lab.state_dict())
     if gap > TOLERANCE:
         raise CheckFailed(
             f"{WORKERS} workers: the parameters differ from the lab's allreduce by up to "
             f"{gap:.3g} (float64 allows {TOLERANCE:g}): is every gradient averaged (the sum "
             "divided by N) and written back into its .grad before the optimiser steps?"
         )
-    drift = max(_gap(states[0], s) for s in states[1:])
+    drift = max(state_gap(states[0], s) for s in states[1:])
     if drift != 0.0:
         raise CheckFailed(f"the replicas drifted apart (up to {drift:.3g})")
     return f"{WORKERS} workers: within {gap:.1e} of the lab's allreduce; replicas equal"
-
-
-def _train_rows(res: Results) -> pd.DataFrame:
-    train = res.frame[res.frame.kind == "train"]
-    if train.empty:
-        raise CheckFailed("no training rows: log each step with ctx.log_train(step, stats, sent=)")
-    return train
 
 
 def _traffic(mine: Results, buckets: list[int]) -> str:
     gradient = 8 * sum(buckets)
     expected = ring_allreduce_bytes(gradient, WORKERS)
     slack = len(buckets) * 2  # each allreduce rounds its bytes up
-    train = _train_rows(mine)
-    off = train[(train.bytes_sent - expected).abs() > slack]
-    if len(off):
-        row = off.iloc[0]
-        raise CheckFailed(
-            f"rank {int(row['rank'])} logged {int(row.bytes_sent)} bytes at step "
-            f"{int(row.step)}; one pass of the {gradient} gradient bytes through the ring is "
-            f"2(N-1)/N x {gradient} = {expected} (each gradient once, nothing else; log "
-            "sent=comm.bytes_sent minus its value before the step)"
-        )
+    require_step_bytes(
+        mine, expected, slack,
+        f"one pass of the {gradient} gradient bytes through the ring is 2(N-1)/N x {gradient} = "
+        f"{expected} (each gradient once, nothing else; log sent=comm.bytes_sent minus its value "
+        "before the step)",
+    )  # fmt: skip
     return f"{expected} bytes per step: 2(N-1)/N x the gradient's {gradient}"
 
 
@@ -195,7 +189,7 @@ def exposed(res: Results) -> tuple[float, float]:
     """Rank 0's mean, over its steps after the first, of the seconds it spent communicating
     or waiting, and of those a transfer ran behind its computation (the simulator's
     ``overlapped`` bars)."""
-    train = _train_rows(res)
+    train = train_rows(res)
     times = train[train["rank"] == 0]["time"].sort_values().to_numpy()
     tl = res.timeline()
     tl = tl[(tl["rank"] == 0) & (tl["start"] >= times[0]) & (tl["end"] <= times[-1])]

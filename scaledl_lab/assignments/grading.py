@@ -123,3 +123,29 @@ def expect(what: str, got: Any, want: Any, *, where: str = "", then: str = "") -
     why = mismatch(what, got, want)
     if why is not None:
         raise CheckFailed(f"{where}{why}{then}")
+
+
+def train_rows(res: Any) -> pd.DataFrame:
+    """A run's training rows (``res``: its Results); a CheckFailed if the program logged none."""
+    train = res.frame[res.frame.kind == "train"]
+    if train.empty:
+        raise CheckFailed("no training rows: log each step with ctx.log_train(step, stats, sent=)")
+    return train
+
+
+def require_step_bytes(res: Any, expected: float, slack: float, why: str, where: str = "") -> None:
+    """A CheckFailed naming the first training row whose logged ``bytes_sent`` is more than
+    ``slack`` from ``expected``: ``where``, its rank, bytes and step, then ``why``."""
+    train = train_rows(res)
+    off = train[(train.bytes_sent - expected).abs() > slack]
+    if len(off):
+        row = off.iloc[0]
+        raise CheckFailed(
+            f"{where}rank {int(row['rank'])} logged {int(row.bytes_sent)} bytes at step "
+            f"{int(row.step)}; {why}"
+        )
+
+
+def state_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two state dicts' tensors, in float64."""
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

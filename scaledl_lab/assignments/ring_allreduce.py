@@ -31,7 +31,17 @@ from ..models import build_model, count_parameters
 from ..training.reference import train_sequential
 from ..training.worker import WorkerContext, load_for
 from .comm_views import PointToPoint
-from .grading import TINY_RUN, Check, CheckFailed, Report, attempt, describe
+from .grading import (
+    TINY_RUN,
+    Check,
+    CheckFailed,
+    Report,
+    attempt,
+    describe,
+    require_step_bytes,
+    state_gap,
+    train_rows,
+)
 
 Ring = Callable[[Any, torch.Tensor], Coroutine[Any, Any, Any]]
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
@@ -214,10 +224,6 @@ def _collective_report(ring: Ring, dask: bool, client: Any) -> Report:
     return Report(tuple(checks))
 
 
-def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
 def _strategy_run(train: Train, runtime: str, workers: int, client: Any) -> Results:
     cfg = ExperimentConfig(runtime=runtime, workers=workers, **RUN, name=f"ring-sgd-{workers}w")
     return run(cfg, strategy=train, client=client, progress=False, log=None)
@@ -228,7 +234,7 @@ def _twin(res: Results, workers: int) -> str:
     states = [out.get("state_dict") for out in res.outputs[cfg.label]]
     if any(s is None for s in states):
         raise CheckFailed("a rank kept no model: end ring_sgd with ctx.keep_model(model)")
-    gap = _gap(states[0], train_sequential(cfg, load_for(cfg)))
+    gap = state_gap(states[0], train_sequential(cfg, load_for(cfg)))
     if gap > TOLERANCE:
         raise CheckFailed(
             f"{workers} workers: the parameters differ from single-process SGD on the combined "
@@ -240,7 +246,7 @@ def _twin(res: Results, workers: int) -> str:
 
 def _replicas(res: Results) -> str:
     states = [out["state_dict"] for out in res.outputs[res.configs[0].label]]
-    gaps = [_gap(states[0], s) for s in states[1:]]
+    gaps = [state_gap(states[0], s) for s in states[1:]]
     if any(g != 0.0 for g in gaps):
         raise CheckFailed(
             f"the replicas drifted apart (up to {max(gaps):.3g}): every rank must end the "
@@ -252,7 +258,7 @@ def _replicas(res: Results) -> str:
 def _naive(res: Results, workers: int) -> str:
     cfg = res.configs[0]
     plain = run(cfg.replace(runtime="sim", name=None), progress=False, log=None).state_dict()
-    gap = _gap(res.state_dict(), plain)
+    gap = state_gap(res.state_dict(), plain)
     if gap > TOLERANCE:
         raise CheckFailed(
             f"{workers} workers: the parameters differ from the lab's allreduce-naive run by up "
@@ -262,21 +268,17 @@ def _naive(res: Results, workers: int) -> str:
 
 
 def _step_traffic(res: Results, workers: int) -> str:
-    train = res.frame[res.frame.kind == "train"]
-    if train.empty:
-        raise CheckFailed("no training rows: log each step with ctx.log_train(step, stats, sent=)")
+    train_rows(res)  # before the model is built: a program that logged nothing is told so
     cfg = res.configs[0]
     data = load_for(cfg)
     gradient = 8 * count_parameters(build_model(cfg.model, data.input_shape, data.num_classes))
     expected = ring_bytes(gradient, workers)
-    off = train[(train.bytes_sent - expected).abs() > padding_slack(workers, 8)]
-    if len(off):
-        row = off.iloc[0]
-        raise CheckFailed(
-            f"{workers} workers: rank {int(row['rank'])} logged {int(row.bytes_sent)} bytes at "
-            f"step {int(row.step)}; the ring sends 2(N-1)/N x {gradient} gradient bytes = "
-            f"{expected:.0f} per step (log sent=comm.bytes_sent minus its value before the step)"
-        )
+    require_step_bytes(
+        res, expected, padding_slack(workers, 8),
+        f"the ring sends 2(N-1)/N x {gradient} gradient bytes = {expected:.0f} per step (log "
+        "sent=comm.bytes_sent minus its value before the step)",
+        where=f"{workers} workers: ",
+    )  # fmt: skip
     return f"{workers} workers: {expected:.0f} bytes per step, 2(N-1)/N x the gradient's {gradient}"
 
 

@@ -23,14 +23,22 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import torch
-
 from ..config import ExperimentConfig
 from ..experiment import Results, run
 from ..models import build_model, count_parameters
 from ..runtime.base import ring_allreduce_bytes
 from ..training.worker import WorkerContext, load_for
-from .grading import TINY_RUN, Check, CheckFailed, Report, attempt, describe
+from .grading import (
+    TINY_RUN,
+    Check,
+    CheckFailed,
+    Report,
+    attempt,
+    describe,
+    require_step_bytes,
+    state_gap,
+    train_rows,
+)
 
 Train = Callable[[WorkerContext], Coroutine[Any, Any, None]]
 
@@ -56,22 +64,11 @@ def config(workers: int, name: str, **changes: Any) -> ExperimentConfig:
     return ExperimentConfig(runtime="sim", workers=workers, **{**RUN, **changes}, name=name)
 
 
-def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
-def _train_rows(res: Results) -> Any:
-    train = res.frame[res.frame.kind == "train"]
-    if train.empty:
-        raise CheckFailed("no training rows: log each step with ctx.log_train(step, stats, ...)")
-    return train
-
-
 def _twin(mine: Results, lab: Results, workers: int) -> str:
     states = [out.get("state_dict") for out in mine.outputs[mine.configs[0].label]]
     if any(s is None for s in states):
         raise CheckFailed("a rank kept no model: end zero1_train with ctx.keep_model(model)")
-    gap = _gap(states[0], lab.state_dict())
+    gap = state_gap(states[0], lab.state_dict())
     if gap > TOLERANCE:
         padded = "" if workers == EVEN else " (a shard of the padded flat tensor on each rank?)"
         raise CheckFailed(
@@ -80,7 +77,7 @@ def _twin(mine: Results, lab: Results, workers: int) -> str:
             "reduce-scatter's sum / N), the shard stepped, and every shard all-gathered back "
             f"into the parameters{padded}?"
         )
-    drift = max(_gap(states[0], s) for s in states[1:])
+    drift = max(state_gap(states[0], s) for s in states[1:])
     if drift != 0.0:
         raise CheckFailed(
             f"{workers} workers: the replicas drifted apart (up to {drift:.3g}): every rank "
@@ -90,14 +87,14 @@ def _twin(mine: Results, lab: Results, workers: int) -> str:
 
 
 def _memory(mine: Results, lab: Results, full: Results, workers: int) -> str:
-    train = _train_rows(mine)
+    train = train_rows(mine)
     if "mem_optim" not in train or train["mem_optim"].isna().any():
         raise CheckFailed(
             "no optimiser state logged: pass memory=StepMemory(optim=optimizer_state_bytes("
             "optimizer)).columns() to ctx.log_train"
         )
-    unsharded = float(_train_rows(full)["mem_optim"].max())
-    sharded = float(_train_rows(lab)["mem_optim"].max())
+    unsharded = float(train_rows(full)["mem_optim"].max())
+    sharded = float(train_rows(lab)["mem_optim"].max())
     held = float(train["mem_optim"].max())
     slack = 8 * (workers - 1) * len(full.state_dict())  # padding, up to a shard per tensor
     if abs(held - unsharded / workers) > slack:
@@ -121,16 +118,12 @@ def _traffic(mine: Results, workers: int) -> str:
     psi = 8 * count_parameters(model)
     expected = ring_allreduce_bytes(psi, workers)  # a reduce-scatter and an all-gather
     slack = 2 * 8 * (workers - 1) * tensors + 2  # padding, up to a shard per tensor
-    train = _train_rows(mine)
-    off = train[(train.bytes_sent - expected).abs() > slack]
-    if len(off):
-        row = off.iloc[0]
-        raise CheckFailed(
-            f"{workers} workers: rank {int(row['rank'])} logged {int(row.bytes_sent)} bytes at "
-            f"step {int(row.step)}; a reduce-scatter and an all-gather of the {psi} parameter "
-            f"bytes send (N-1)/N x {psi} each, {expected} in all (log sent=comm.bytes_sent "
-            "minus its value before the step)"
-        )
+    require_step_bytes(
+        mine, expected, slack,
+        f"a reduce-scatter and an all-gather of the {psi} parameter bytes send (N-1)/N x {psi} "
+        f"each, {expected} in all (log sent=comm.bytes_sent minus its value before the step)",
+        where=f"{workers} workers: ",
+    )  # fmt: skip
     return f"{workers} workers: {expected} bytes per step, 2 x (N-1)/N x the {psi} parameter bytes"
 
 
