@@ -188,8 +188,9 @@ def check_data(cfg: ExperimentConfig) -> None:
             f"batch, fewer {who} or more data"
         )
     check_large_batch_data(cfg, n)  # batch schedules, warmup and milestones against the data
-    check_fault_steps(cfg.faults, cfg.workers, total_steps(cfg))
-    check_profile_step(cfg, total_steps(cfg))  # --profile-step K: a step the run takes
+    steps = total_steps(cfg)
+    check_fault_steps(cfg.faults, cfg.workers, steps)
+    check_profile_step(cfg, steps)  # --profile-step K: a step the run takes
 
 
 def check_program(program: Any) -> None:
