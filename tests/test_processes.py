@@ -38,10 +38,20 @@ def _what_it_sees(_: int, out: str | None = None) -> dict:
     return seen
 
 
+def _tick_interval(dask_worker=None, dask_scheduler=None) -> float:
+    """Seconds between the event-loop checks of the server it runs on (Dask's attribute)."""
+    return (dask_worker or dask_scheduler)._tick_interval
+
+
 def _worker_sees(monkeypatch: pytest.MonkeyPatch, value: str) -> dict:
     monkeypatch.setenv("SCALEDL_TEST_LATER", value)
     with Client(cluster.local_cluster(1, dashboard=False)) as client:
         seen = client.submit(_what_it_sees, 0, pure=False).result()
+        # How often each Dask server wakes to check its event loop (cluster.WORKER_CONFIG).
+        seen["ticks"] = [
+            *client.run(_tick_interval).values(),
+            client.run_on_scheduler(_tick_interval),
+        ]
         client.shutdown()
     return seen
 
@@ -61,6 +71,8 @@ def test_dask_workers_start_forked_with_the_lab_loaded_and_the_environment_of_no
     assert (first["later"], second["later"]) == ("one", "two")
     assert first["parent"] == second["parent"]  # one server for every cluster of the process
     assert processes.start_method() == "forkserver"
+    # Once a second, not Dask's 20 ms: an idle cluster costs a third of the CPU it did.
+    assert first["ticks"] == [1.0, 1.0]
 
 
 def test_started_ranks_are_forked_too_with_the_environment_of_now(monkeypatch, tmp_path):

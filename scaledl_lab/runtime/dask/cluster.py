@@ -17,18 +17,25 @@ from distributed.security import Security
 from ...errors import ConfigError
 from ..processes import start_method
 
+# How long attaching to a scheduler may take (Dask's default is 30 s): an address that nobody
+# answers fails in this time, with one line naming it.
+CONNECT_S = 10.0
+
 # Dask's statistical profiler samples each worker's running thread every 10 ms; for a task that
 # trains for minutes it measurably slows the step (~10-25% here) and profiles nothing useful.
 # glibc gives each thread that allocates its own malloc arena; a worker trains in a task thread,
 # whose arena reused the CNN's batch-256 buffers worse than the main arena (plain DDP trained
 # ~10% slower from a second thread than from the main one, and as fast with one arena). One
 # arena per worker: ours vs DDP at batch 256 went from x0.86 to x0.95 (bench_sync_sgd.py).
-# How long attaching to a scheduler may take (Dask's default is 30 s): an address that nobody
-# answers fails in this time, with one line naming it.
-CONNECT_S = 10.0
+# Every Dask server (scheduler, nanny, worker) checks its event loop's health every 20 ms by
+# default: an idle two-worker cluster then costs ~5% of a core (1.3-1.6 CPU-s in 30 s here),
+# which a notebook left open on a laptop, or every test process of the suite, pays all along.
+# Once a second still catches the 3 s stalls it warns about (distributed.admin.tick.limit): the
+# same cluster idles at 0.4-0.6 CPU-s in 30 s.
 WORKER_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
+    "distributed.admin.tick.interval": "1s",
 }
 
 
