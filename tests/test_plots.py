@@ -339,3 +339,16 @@ def test_a_gantt_bar_is_labelled_only_where_its_label_fits(monkeypatch):
     # time. (A fixed share of the step, as the chart had before, labels both or neither.)
     assert _gantt_labels_drawn((12, 1.5), monkeypatch) == ["F0", "F1"]
     assert _gantt_labels_drawn((3, 1.5), monkeypatch) == ["F0"]
+
+
+def test_small_multiples_name_their_runs_and_can_share_one_y_range(frame: pd.DataFrame) -> None:
+    from scaledl_lab.viz.small_multiples import small_multiples
+
+    panels = {"A": [RUN_A], "B": [RUN_B]}
+    apart = small_multiples(frame, panels, zoom=False).axes
+    assert apart[0].get_ylim()[0] > 0.3  # run A's test accuracy: 0.4 to 0.8, on its own axis
+    a, b = small_multiples(frame, panels, zoom=False, labels={RUN_A: "A (adam)"}, same_y=True).axes
+    assert [t.get_text() for t in a.get_legend().get_texts()] == ["A (adam)"]
+    assert [t.get_text() for t in b.get_legend().get_texts()] == [RUN_B]  # not named: its run
+    assert a.get_ylim() == b.get_ylim()
+    assert a.get_ylim()[0] < 0.3 and a.get_ylim()[1] > 0.8  # B's band reaches down to 0.3
