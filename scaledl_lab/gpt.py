@@ -142,14 +142,30 @@ class GPT(nn.Module):
         return self.head(x)
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy continuation of ``idx`` (``(N, T)`` ids) by ``new_tokens`` tokens, each
-        predicted from at most the last ``sequence`` tokens."""
+    def generate(
+        self,
+        idx: torch.Tensor,
+        new_tokens: int,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continuation of ``idx`` (``(N, T)`` ids) by ``new_tokens`` tokens, each predicted
+        from at most the last ``sequence`` tokens: the most likely token (greedy) when
+        ``temperature`` is 0, else a draw from softmax(logits / temperature) by ``generator``
+        (minGPT's ``generate``). Greedy decoding of a small model soon repeats its likeliest
+        words; a draw shows what it learnt of the text's distribution."""
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be 0 (greedy) or positive")
         was_training = self.training
         self.eval()
         for _ in range(new_tokens):
-            logits = self(idx[:, -self.sequence :])
-            idx = torch.cat([idx, logits[:, :, -1].argmax(1, keepdim=True)], dim=1)
+            logits = self(idx[:, -self.sequence :])[:, :, -1]
+            if temperature == 0:
+                token = logits.argmax(1, keepdim=True)
+            else:
+                probs = torch.softmax(logits.double() / temperature, dim=1)
+                token = torch.multinomial(probs, 1, generator=generator)
+            idx = torch.cat([idx, token], dim=1)
         self.train(was_training)
         return idx
 
@@ -162,12 +178,22 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def generated_text(model: GPT, prompt: str, encode, decode, new_tokens: int = 80) -> str:
-    """``prompt`` and its greedy continuation by ``model`` (``encode``/``decode``: text <->
-    token ids)."""
+def generated_text(
+    model: GPT,
+    prompt: str,
+    encode,
+    decode,
+    new_tokens: int = 80,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> str:
+    """``prompt`` and its continuation by ``model`` (``encode``/``decode``: text <-> token
+    ids): greedy at ``temperature`` 0, else drawn at that temperature by a generator seeded
+    with ``seed`` (the same text for the same weights and seed)."""
     param = next(model.parameters())
     idx = torch.tensor([encode(prompt)], dtype=torch.int64, device=param.device)
-    return decode(model.generate(idx, new_tokens)[0].tolist())
+    generator = torch.Generator(device=param.device).manual_seed(seed)
+    return decode(model.generate(idx, new_tokens, temperature, generator)[0].tolist())
 
 
 __all__ = [

@@ -451,6 +451,33 @@ def test_every_widget_leaves_a_result_a_static_viewer_can_see(path):
             assert tallest > CONTROLS_ONLY_PX, f"{path.name} cell {i}: only the widget's controls"
 
 
+ASSIGNMENTS = sorted((NOTEBOOKS / "assignment").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", LABS + ASSIGNMENTS, ids=lambda p: p.stem)
+def test_every_committed_figure_was_drawn_at_the_labs_resolution(path):
+    """Every figure a committed notebook shows was rendered at ``viz.style.FIGURE_DPI`` or more,
+    read from its PNG's pHYs chunk: matplotlib writes there the dpi it rendered at, whatever
+    the figure's size, ``bbox_inches="tight"`` cropping or the code that made it, where the
+    pixel width alone cannot tell a small figure at 150 dpi from a large one at 100. A widget's
+    static PNG is exempt: ``viz.static`` lays its controls out at its own ``DPI`` and pastes
+    the widget's figures in at their own pixels."""
+    from scaledl_lab.viz import static
+    from scaledl_lab.viz.style import FIGURE_DPI
+
+    low = []
+    for i, cell in enumerate(_cells(path)):
+        for is_widget, image in _pngs(cell):
+            dpi = image.info.get("dpi", (None,))[0]  # PIL reads pHYs as pixels per inch
+            if dpi is None:
+                low.append(f"cell {i}: a PNG without a pHYs chunk (resolution unknown)")
+            elif is_widget:
+                assert round(dpi) == static.DPI, f"{path.name} cell {i}: not viz.static's PNG"
+            elif round(dpi) < FIGURE_DPI:
+                low.append(f"cell {i}: {image.size[0]} px wide at {dpi:.0f} dpi")
+    assert not low, f"{path.name}: figures below {FIGURE_DPI} dpi (re-execute it): {low}"
+
+
 def test_the_paper_comparisons_panels_hold_a_few_runs_each_with_legends_off_the_curves():
     import pandas as pd
 

@@ -170,16 +170,42 @@ def test_every_kind_of_strategy_trains_gpt_tiny(strategy, extra):
     assert last["loss"].mean() < first["loss"].mean()  # it learns
 
 
-def test_summary_gives_the_loss_and_a_greedy_sample(tmp_path):
+def test_summary_gives_the_loss_a_sample_and_the_greedy_continuation(tmp_path):
     cfg = ExperimentConfig(strategy="allreduce", workers=2, **TEXT)
     res = run(cfg, progress=False, log=None)
     res.save(tmp_path)
     text = (tmp_path / "summary.md").read_text()
     loss = res.frame[res.frame.kind == "test"]["loss"].iloc[-1]
     assert f"- test loss per character: {loss:.4f} (perplexity {math.exp(loss):.2f})" in text
-    sample = sample_of(cfg, res.weights())
-    assert sample.startswith(licenses.PROMPT) and len(sample) == len(licenses.PROMPT) + 120
-    assert "```text\n" + sample.replace("`", "'") + "\n```" in text
+    greedy = sample_of(cfg, res.weights())
+    drawn = sample_of(cfg, res.weights(), temperature=0.8)
+    assert drawn == sample_of(cfg, res.weights(), temperature=0.8) != greedy  # the run's seed
+    for sample in (drawn, greedy):
+        assert sample.startswith(licenses.PROMPT) and len(sample) == len(licenses.PROMPT) + 120
+    assert text.index("```text\n" + drawn.replace("`", "'") + "\n```") < text.index(
+        "```text\n" + greedy.replace("`", "'") + "\n```"
+    )
+    assert f"- sampled at temperature 0.8 (seed {cfg.seed}) from the prompt 'This License':" in text
+
+
+def test_generate_draws_from_the_softmax_at_the_temperature():
+    model = build_model("gpt-tiny", (S,), VOCAB, seed=0)
+    prompt = _ids(1)[:, :8]
+    temperature, draws = 0.05, 4000
+    logits = model(prompt)[0, :, -1].detach().double()
+    expected = torch.softmax(logits / temperature, dim=0)
+    tokens = model.generate(prompt.repeat(draws, 1), 1, temperature,
+                            torch.Generator().manual_seed(0))[:, -1]  # fmt: skip
+    measured = torch.bincount(tokens, minlength=VOCAB).double() / draws
+    assert expected.max() > 0.1  # sharp enough that a draw at the wrong temperature shows
+    assert (measured - expected).abs().max() < 0.03  # 4000 draws: about 4 standard errors
+    # the same seed, the same text; as the temperature falls, the draw becomes the argmax
+    seeded = [model.generate(prompt, 20, 1.0, torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    assert torch.equal(seeded[0], seeded[1]) and not torch.equal(seeded[0], seeded[2])
+    cold = model.generate(prompt, 20, 1e-9, torch.Generator().manual_seed(0))
+    assert torch.equal(cold, model.generate(prompt, 20))
+    with pytest.raises(ValueError, match="temperature=-1 must be 0 \\(greedy\\) or positive"):
+        model.generate(prompt, 1, -1)
 
 
 def test_health_warnings_measure_chance_over_the_vocabulary():

@@ -447,14 +447,23 @@ def test_config_errors_name_the_field(fields, message):
 def test_the_four_schedules_side_by_side():
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 8))
-    table = compare_schedules(stages=2, micro_batches=4, virtual_stages=2, fig=fig)
+    fig = Figure(figsize=(10, 10))
+    table = compare_schedules(stages=2, micro_batches=4, virtual_stages=2, fig=fig,
+                              zoom=(1e-4, 2e-4))  # fmt: skip
     assert list(table["strategy"]) == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
     # The replayed schedule is the simulator's timing with free messages, the CNN's unequal
     # stages included; with equal stages the formulas rank zero bubble first.
     for row in table.itertuples():
         assert row.measured == pytest.approx(row.predicted, abs=1e-9)
-    assert len(fig.axes) == 4 and "zb-h1: bubble measured" in fig.axes[3].get_title()
+    assert len(fig.axes) == 5 and "zb-h1: bubble measured" in fig.axes[3].get_title()
+    # The last panel is the interleaved chart again, over the window the caller asked for.
+    interleaved, zoomed = fig.axes[2], fig.axes[4]
+    assert zoomed.get_xlim() == (1e-4, 2e-4) and "(0.1 to 0.2 ms)" in zoomed.get_title()
+    bars = [(p.get_x(), p.get_width()) for p in interleaved.patches if p.get_width() > 0]
+    assert [(p.get_x(), p.get_width()) for p in zoomed.patches] == bars[: len(zoomed.patches)]
+    assert interleaved.get_xlim() == fig.axes[0].get_xlim() != zoomed.get_xlim()
+    with pytest.raises(ValueError, match="shows an interleaved schedule, and .* has none"):
+        compare_schedules(strategies=("gpipe", "1f1b"), zoom=(0.0, 1.0))
     gp, one, inter, zb = table["equal_stages"]
     assert gp == one == pytest.approx(1 / 5) and inter == pytest.approx(1 / 9)
     assert zb == pytest.approx(1 / 13)

@@ -302,3 +302,53 @@ def test_a_few_runs_keep_their_legend_inside_the_axes(frame: pd.DataFrame) -> No
     fig.draw(renderer)
     ax = fig.axes[0]
     assert _inside(ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer))
+
+
+# -- the pipeline's Gantt chart -----------------------------------------------------------------
+
+
+def _gantt_labels_drawn(figsize: tuple[float, float], monkeypatch) -> list[str]:
+    """The bar labels a Gantt chart of one stage draws at ``figsize`` (150 dpi): a long
+    forward (F0, 0 to 1 s), a short one (F1, 6% of the step) and one of no time (F2)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    from scaledl_lab.viz.gantt import plot_pipeline
+
+    events = pd.DataFrame({"run": "r", "rank": 0, "replica": 0, "stage": 0, "step": 0,
+                           "micro_batch": [0, 1, 2], "phase": "F", "start": [0.0, 1.0, 1.06],
+                           "end": [1.0, 1.06, 1.06]})  # fmt: skip
+    drawn: list[str] = []
+    draw = Text.draw
+
+    def record(text, renderer):
+        drawn.append(text.get_text())
+        draw(text, renderer)
+
+    monkeypatch.setattr(Text, "draw", record)
+    fig = Figure(figsize=figsize, dpi=150, layout="constrained")
+    ax = plot_pipeline(events, step=0, ax=fig.subplots())
+    FigureCanvasAgg(fig).draw()
+    assert len(ax.patches) == 1 + 2  # the step's idle background, F0, F1: F2 takes no time
+    return [label for label in drawn if label in ("F0", "F1", "F2")]
+
+
+def test_a_gantt_bar_is_labelled_only_where_its_label_fits(monkeypatch):
+    # F1's bar is 6% of the step: 82 px wide in a 12-inch chart, room for "F1" (8 pt: 21 px
+    # at 150 dpi); 9 px in a 3-inch chart, where its label would spill over F0 and the idle
+    # time. (A fixed share of the step, as the chart had before, labels both or neither.)
+    assert _gantt_labels_drawn((12, 1.5), monkeypatch) == ["F0", "F1"]
+    assert _gantt_labels_drawn((3, 1.5), monkeypatch) == ["F0"]
+
+
+def test_small_multiples_name_their_runs_and_can_share_one_y_range(frame: pd.DataFrame) -> None:
+    from scaledl_lab.viz.small_multiples import small_multiples
+
+    panels = {"A": [RUN_A], "B": [RUN_B]}
+    apart = small_multiples(frame, panels, zoom=False).axes
+    assert apart[0].get_ylim()[0] > 0.3  # run A's test accuracy: 0.4 to 0.8, on its own axis
+    a, b = small_multiples(frame, panels, zoom=False, labels={RUN_A: "A (adam)"}, same_y=True).axes
+    assert [t.get_text() for t in a.get_legend().get_texts()] == ["A (adam)"]
+    assert [t.get_text() for t in b.get_legend().get_texts()] == [RUN_B]  # not named: its run
+    assert a.get_ylim() == b.get_ylim()
+    assert a.get_ylim()[0] < 0.3 and a.get_ylim()[1] > 0.8  # B's band reaches down to 0.3

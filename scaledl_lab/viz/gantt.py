@@ -17,13 +17,46 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.patches import Patch
+from matplotlib.colors import to_rgb
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.text import Text
 
 from .. import families
 from ..strategies.model_parallel import schedules
 
 PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 PHASE_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
+LATER_CHUNK_TINT = 0.55  # a worker's later chunks: its phase's colour this far towards white
+LABEL_FONT = 8  # points: a label is drawn only inside a bar wide enough to hold it
+LABEL_PAD_PX = 2  # pixels of bar left free on each side of a label
+
+
+def tint(colour: str, share: float) -> tuple[float, float, float]:
+    """``colour`` moved ``share`` of the way towards white: opaque, so the idle time's hatching
+    does not show through it as it would through a transparent bar."""
+    return tuple(c + (1 - c) * share for c in to_rgb(colour))  # type: ignore[return-value]
+
+
+class BarLabel(Text):
+    """A bar's label, drawn only if it fits inside its bar at the size the figure is drawn.
+
+    Whether a label fits depends on the axes' final width and x range (constrained layout,
+    shared axes, the dpi), which are known only when the figure is drawn; so the test is made
+    then, and a label too wide for its bar (a short op of a long step) is left out rather than
+    spilling over its neighbours."""
+
+    def __init__(self, bar: Rectangle, text: str, **kwargs: Any) -> None:
+        x, y = bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height() / 2
+        super().__init__(x, y, text, ha="center", va="center", **kwargs)
+        self.bar = bar
+
+    def fits(self, renderer: Any) -> bool:
+        room = self.bar.get_window_extent(renderer).width
+        return super().get_window_extent(renderer).width + 2 * LABEL_PAD_PX <= room
+
+    def draw(self, renderer: Any) -> None:
+        if self.get_visible() and self.fits(renderer):
+            super().draw(renderer)
 
 
 def bubble_theory(
@@ -90,8 +123,12 @@ def plot_pipeline(
     from_zero: bool = False,
 ):
     """Gantt chart of one step of one replica: a row per stage, forwards and backwards as
-    bars labelled by micro-batch, the idle time (the bubble) shaded. ``from_zero`` counts
-    time from the step's start, so that the charts of several runs line up."""
+    bars labelled by micro-batch where the label fits (:class:`BarLabel`), the idle time (the
+    bubble) shaded. Under interleaving a bar's label ends in the worker's chunk (``F3.1``:
+    micro-batch 3's forward through the worker's chunk 1) and its later chunks are tinted. An
+    op the cost model charges no time (a chunk holding only the embedding) draws no bar.
+    ``from_zero`` counts time from the step's start, so that the charts of several runs line
+    up."""
     run = run or events["run"].iloc[0]
     rows = events[(events["run"] == run) & (events["replica"] == replica)]
     if step not in set(rows["step"]):
@@ -104,17 +141,18 @@ def plot_pipeline(
         _, ax = plt.subplots(figsize=(9, 0.6 * rows["stage"].nunique() + 1.2))
     t0, t1 = rows["start"].min(), rows["end"].max()
     stages = sorted(rows["stage"].unique())
-    chunked = "chunk" in rows and rows["chunk"].nunique() > 1  # interleaved: chunks shaded
+    chunked = "chunk" in rows and rows["chunk"].nunique() > 1  # interleaved: chunks tinted
     for s in stages:
         ax.barh(s, t1 - t0, left=t0, height=0.8, color="#DDDDDD", hatch="//", edgecolor="white")
-        for e in rows[rows["stage"] == s].itertuples():
+        for e in rows[(rows["stage"] == s) & (rows["end"] > rows["start"])].itertuples():
             chunk = int(e.chunk) if chunked else 0
-            ax.barh(s, e.end - e.start, left=e.start, height=0.8, alpha=1 - 0.45 * min(chunk, 1),
-                    color=PHASE_COLOURS[e.phase], edgecolor="black", linewidth=0.4)  # fmt: skip
-            if (e.end - e.start) > 0.02 * (t1 - t0):  # label the bars wide enough to read
-                label = f"{e.phase}{e.micro_batch}" + (f".{chunk}" if chunked else "")
-                ax.text((e.start + e.end) / 2, s, label, ha="center",
-                        va="center", fontsize=7, color="black" if chunk else "white")  # fmt: skip
+            colour = PHASE_COLOURS[e.phase]
+            (bar,) = ax.barh(s, e.end - e.start, left=e.start, height=0.8,
+                             color=tint(colour, LATER_CHUNK_TINT) if chunk else colour,
+                             edgecolor="black", linewidth=0.4)  # fmt: skip
+            label = f"{e.phase}{e.micro_batch}" + (f".{chunk}" if chunked else "")
+            ax.add_artist(BarLabel(bar, label, fontsize=LABEL_FONT,
+                                   color="black" if chunk else "white"))  # fmt: skip
     idle = step_bubbles(rows)["idle"].mean()
     xlabel = "time from the step's start (s)" if from_zero else "time (s)"
     ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages], xlabel=xlabel)
@@ -122,7 +160,8 @@ def plot_pipeline(
     handles = [Patch(color=PHASE_COLOURS[ph], label=PHASE_NAMES[ph])
                for ph in PHASE_COLOURS if ph in set(rows["phase"])]  # fmt: skip
     if chunked:
-        handles.append(Patch(facecolor="#999999", alpha=0.55, label="later chunk (.c)"))
+        later = tint("#555555", LATER_CHUNK_TINT)
+        handles.append(Patch(facecolor=later, label="worker's chunk 1 (.1)"))
     handles.append(Patch(facecolor="#DDDDDD", hatch="//", label="idle (bubble)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run}, step {step}: bubble (hatched) {idle:.0%} of the step")

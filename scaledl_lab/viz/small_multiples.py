@@ -34,11 +34,15 @@ def small_multiples(
     x: str = "epoch",
     kind: str = "test",
     zoom: bool = True,
+    labels: Mapping[str, str] | None = None,
+    same_y: bool = False,
 ) -> Figure:
     """One panel per entry of ``panels`` (its title → its runs), side by side, each run in the
     colour and line style it has in every figure of ``frame`` (:func:`line_styles`), each
     panel's legend under it (over no curve) and, with ``zoom``, its axes zoomed to the
-    evaluations after the first (:func:`zoom_to_later_evaluations`)."""
+    evaluations after the first (:func:`zoom_to_later_evaluations`). ``labels`` replaces the
+    legend entries of the runs it names (to say what differs between panels, an optimiser
+    say); ``same_y`` gives every panel one y range, so that heights compare across panels."""
     styles = line_styles(frame)
     fig = Figure(figsize=(4.6 * len(panels), 5.2), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -46,8 +50,15 @@ def small_multiples(
         part = frame[frame["run"].isin(list(runs))]
         plot_curves(part, metric=metric, x=x, kind=kind, ax=ax, title=title, styles=styles,
                     legend="none")  # fmt: skip
+        for line in ax.get_lines():
+            line.set_label((labels or {}).get(line.get_label(), line.get_label()))
         if zoom:
             zoom_to_later_evaluations(ax, part[part["kind"] == kind], metric, x)
         ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14),
                   handlelength=3.0)  # fmt: skip
+    if same_y:
+        low = min(ax.get_ylim()[0] for ax in axes)
+        high = max(ax.get_ylim()[1] for ax in axes)
+        for ax in axes:
+            ax.set_ylim(low, high)
     return fig

@@ -27,6 +27,7 @@ def compare_schedules(
     virtual_stages: int = 2,
     strategies: Sequence[str] = FOUR_SCHEDULES,
     fig: Any = None,
+    zoom: tuple[float, float] | None = None,
     **config: Any,
 ) -> pd.DataFrame:
     """Run the pipeline schedules on the simulator (free messages unless ``network`` is given;
@@ -34,18 +35,28 @@ def compare_schedules(
     above the other, on one time axis. Returns per strategy: the bubble measured from the
     events, the one the cost model predicts for the run's own stage costs (the schedule
     replayed, :func:`~scaledl_lab.strategies.model_parallel.schedules.predicted_bubble`), the
-    formula with equal stages, and the peak stashed micro-batches (most over the stages)."""
+    formula with equal stages, and the peak stashed micro-batches (most over the stages).
+
+    ``zoom`` (seconds from the step's start) adds a last panel: the interleaved schedule's
+    chart again over that window, where the ops of its short chunks are wide enough to hold
+    their labels."""
     base = dict(
         runtime="sim", workers=stages, model="cnn", dataset="fashion-mnist",
         micro_batches=micro_batches, batch_size=4 * micro_batches, max_steps=2,
         train_subset=16 * micro_batches, test_subset=16, val_size=16, network="custom:0:1e18",
     )  # fmt: skip
     base.update(config)
+    interleaved = [name for name in strategies if families.has(name, "interleaves")]
+    if zoom is not None and not interleaved:
+        raise ValueError(f"zoom={zoom} shows an interleaved schedule, and {strategies} has none")
+    panels = len(strategies) + (zoom is not None)
     if fig is None:
-        fig = plt.figure(figsize=(11, 2.2 * len(strategies)))
-    axes = fig.subplots(len(strategies), 1, sharex=True, squeeze=False)[:, 0]
+        fig = plt.figure(figsize=(11, 2.2 * panels))
+    axes = fig.subplots(panels, 1, squeeze=False)[:, 0]
+    for ax in axes[1 : len(strategies)]:
+        ax.sharex(axes[0])  # the schedules on one time axis; the zoom on its own
     records = []
-    for name, ax in zip(strategies, axes, strict=True):
+    for name, ax in zip(strategies, axes, strict=False):
         v = virtual_stages if families.has(name, "interleaves") else 1
         cfg = ExperimentConfig(strategy=name, virtual_stages=v, **base)
         res = run(cfg, progress=False)
@@ -61,6 +72,15 @@ def compare_schedules(
                      fontsize=9)  # fmt: skip
         peak = max(o["peak_stashed"] for o in outs)
         records.append((name, v, measured, predicted, formula, peak))
+        if zoom is not None and name == interleaved[0]:
+            ax.axvspan(*zoom, facecolor="none", edgecolor="black", linestyle="--")
+            plot_pipeline(res.events, cfg.label, step=1, ax=axes[-1], from_zero=True)
+            axes[-1].set_xlim(*zoom)
+            axes[-1].set_title(f"{name}: the dashed window ({1e3 * zoom[0]:g} to "
+                               f"{1e3 * zoom[1]:g} ms), zoomed in", fontsize=9)  # fmt: skip
+    for ax in axes[: len(strategies) - 1]:
+        ax.set_xlabel("")  # one time axis: read under the last schedule
+        ax.tick_params(labelbottom=False)
     columns = ["strategy", "virtual_stages", "measured", "predicted", "equal_stages",
                "peak_stashed"]  # fmt: skip
     return pd.DataFrame(records, columns=columns)
