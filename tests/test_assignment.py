@@ -1,19 +1,16 @@
-"""The ring allreduce assignment: its grader gives the reference solution (the master notebook's)
-full marks on both runtimes and names the check each wrong submission fails (chunk indices fitted
-to the drawing of N = 3: the hidden check alone); ``otter assign``
-and ``otter run`` grade the notebook end to end (skipped without otter-grader, the [course]
-extra)."""
+"""The ring allreduce assignment: otter grades the master notebook's reference (full marks) and
+three wrong submissions (a ring SGD that forgets to divide by N, a ring that deadlocks, chunk
+indices fitted to the drawing of N = 3: the hidden check alone), each losing the points of the
+checks it breaks with the message a student reads (tests/otter_grading.py; skipped without
+otter-grader, the [course] extra). The grader itself gives the reference full marks on both
+runtimes (--runslow) and names the check three more wrong submissions fail."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import nbformat
+import otter_grading
 import pytest
 import submissions
 
@@ -55,40 +52,67 @@ def test_reference_solution_gets_full_marks_on_both_runtimes(reference):
     assert report["q2-traffic-dask"].detail.startswith("2 workers: 2310224 bytes per step")
 
 
-def test_a_ring_sgd_that_forgets_to_divide_by_n_fails_the_twins(reference):
-    wrong = submission(("        flat /= ctx.world_size\n", ""))
-    report = ring_grader.strategy_report(wrong["ring_sgd"], dask=False)
-    assert report.failed == ["q2-twin-sim", "q2-allreduce-sim"]
-    assert "is the gradient the average over the workers" in report["q2-twin-sim"].detail
-    assert "differ from the lab's allreduce-naive" in report["q2-allreduce-sim"].detail
-    with pytest.raises(AssertionError, match=r"^q2-twin-sim failed: 3 workers: the parameters"):
-        report.require("q2-twin-sim")
-    report.require("q2-traffic-sim")  # the traffic is a ring's all the same
+# otter assign of the master: a few hundredths of a CPU-second (importing otter, once per
+# process: ~1.7).
+@pytest.fixture(scope="module")
+def autograder(tmp_path_factory) -> otter_grading.Autograder:
+    return otter_grading.autograder(MASTER.stem, tmp_path_factory)
 
 
-def test_a_ring_that_receives_first_deadlocks_and_fails_by_timeout(monkeypatch):
-    # Every rank waits for its predecessor before sending: nobody ever sends.
-    wrong = submission(
+# Each ring submission otter grades: its simulated runs and two 2-worker Dask clusters (one a
+# question), ~2-3 CPU-s and 4-10 s (the deadlock waits out two 5 s Dask timeouts).
+def test_otter_gives_the_reference_full_marks(autograder, tmp_path):
+    graded = autograder.grade(tmp_path)
+    assert graded.scores == {"q1": (9, 9), "q2": (8, 8)}, graded.results  # q1: 2 hidden
+    assert graded.failed == [] and graded.visible.endswith("All test cases passed!")
+
+
+def test_a_ring_sgd_that_forgets_to_divide_by_n_fails_the_twins(autograder, tmp_path):
+    graded = autograder.grade(tmp_path, ("        flat /= ctx.world_size\n", ""))
+    assert graded.scores == {"q1": (9, 9), "q2": (8 - 2 - 1 - 2, 8)}, graded.results
+    # The traffic and the replicas are a ring's all the same.
+    assert graded.failed == ["q2-twin-sim", "q2-allreduce-sim", "q2-twin-dask"]
+    assert graded.detail("q2-twin-sim").startswith("3 workers: the parameters differ from single")
+    assert "is the gradient the average over the workers" in graded.detail("q2-twin-sim")
+    assert "differ from the lab's allreduce-naive" in graded.detail("q2-allreduce-sim")
+    assert "q2-twin-sim failed: 3 workers: the parameters" in graded.visible
+
+
+def test_a_ring_that_receives_first_deadlocks_and_fails_by_timeout(
+    autograder, tmp_path, monkeypatch
+):
+    # Every rank waits for its predecessor before sending: nobody ever sends. The simulator
+    # says so at once; each Dask run (one a question) ends at its timeout.
+    monkeypatch.setitem(ring_grader.RUN, "timeout_s", 5.0)
+    graded = autograder.grade(
+        tmp_path,
         (
             "        sending = comm.isend(chunks[out].clone(), right)\n"
             "        chunks[into].add_(await comm.recv(torch.empty_like(chunks[into]), left))\n",
             "        chunks[into].add_(await comm.recv(torch.empty_like(chunks[into]), left))\n"
             "        sending = comm.isend(chunks[out].clone(), right)\n",
-        )
+        ),
     )
-    monkeypatch.setitem(ring_grader.RUN, "timeout_s", 5.0)
-    report = ring_grader.collective_report(wrong["ring_allreduce"])
-    assert report.failed == ["q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim", "q1-dask"]
-    assert "simulated deadlock" in report["q1-sum-sim"].detail
-    assert report["q1-sum-sim"].detail.startswith("on 2 simulated workers: the run failed")
-    assert report["q1-dask"].detail.startswith("the run failed:"), report["q1-dask"].detail
-    assert report.score == 0
+    assert graded.scores == {"q1": (0, 9), "q2": (0, 8)}, graded.results
+    assert graded.failed == [
+        "q1-sum-sim", "q1-traffic-sim", "q1-rounds-sim", "q1-dask", "q1-ring-hidden",
+        "q2-twin-sim", "q2-allreduce-sim", "q2-replicas-sim", "q2-traffic-sim", "q2-twin-dask",
+        "q2-traffic-dask",
+    ]  # fmt: skip
+    assert "simulated deadlock" in graded.detail("q1-sum-sim")
+    assert graded.detail("q1-sum-sim").startswith("on 2 simulated workers: the run failed")
+    assert graded.detail("q1-dask").startswith("the run failed:"), graded.detail("q1-dask")
+    assert graded.detail("q2-twin-dask").startswith("the run failed:")
 
 
-def test_chunk_indices_read_off_the_drawing_of_three_fail_only_the_hidden_check():
+def test_chunk_indices_read_off_the_drawing_of_three_fail_only_the_hidden_check(
+    autograder, tmp_path
+):
     """Each index written with +2s for -s, as on a ring of 3 (and of 2, with one round): right
-    on every visible world size, the wrong chunks from N = 4 on."""
-    wrong = submission(
+    on every visible world size, the wrong chunks from N = 4 on; the student reads every
+    public test passed, and the score says the hidden one did not."""
+    graded = autograder.grade(
+        tmp_path,
         (
             "        out, into = (rank - s) % n, (rank - s - 1) % n\n",
             "        out, into = (rank + 2 * s) % n, (rank + 2 * s - 1) % n\n",
@@ -98,13 +122,12 @@ def test_chunk_indices_read_off_the_drawing_of_three_fail_only_the_hidden_check(
             "        out, into = (rank + 1 + 2 * s) % n, (rank + 2 * s) % n\n",
         ),
     )
-    report = ring_grader.collective_report(wrong["ring_allreduce"], dask=False, hidden=True)
-    assert report.failed == ["q1-ring-hidden"], str(report)
-    assert report["q1-ring-hidden"].detail.startswith(
+    assert graded.scores == {"q1": (7, 9), "q2": (8, 8)}, graded.results
+    assert graded.failed == ["q1-ring-hidden"]
+    assert graded.detail("q1-ring-hidden").startswith(
         "4 workers, 60 elements: rank 0's tensor after the call is off the sum by up to "
     )
-    reference = submission()["ring_allreduce"]
-    assert ring_grader.collective_report(reference, dask=False, hidden=True).failed == []
+    assert graded.visible.endswith("All test cases passed!"), graded.visible
 
 
 def test_a_ring_that_asks_for_the_library_allreduce_is_refused():
@@ -182,52 +205,3 @@ def test_report_names_its_checks():
         "  FAIL  b                    0/1  why",
     ]
     assert list(report.frame()["score"]) == [2, 0]
-
-
-def _otter(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "otter", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
-@pytest.mark.timeout(900)
-def test_otter_assign_and_run_grade_the_notebook(tmp_path):
-    pytest.importorskip("otter", reason="needs otter-grader (pip install -e '.[course]')")
-    shutil.copy(MASTER, tmp_path / MASTER.name)
-    made = _otter("assign", MASTER.name, "dist", cwd=tmp_path)
-    assert made.returncode == 0, made.stdout + made.stderr
-    student = nbformat.read(tmp_path / "dist" / "student" / MASTER.name, as_version=4)
-    code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
-    assert "BEGIN SOLUTION" not in code and "chunks[into].add_" not in code  # stripped
-    assert "flat /= ctx.world_size" not in code
-    (autograder,) = (tmp_path / "dist" / "autograder").glob("*.zip")
-    solved = tmp_path / "dist" / "autograder" / MASTER.name  # the solution, as otter keeps it
-
-    def grade(notebook: Path, name: str) -> dict[str, Any]:
-        out = tmp_path / name
-        out.mkdir()
-        done = _otter("run", "-a", str(autograder), "-o", str(out), str(notebook), cwd=tmp_path)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return json.loads((out / "results.json").read_text())
-
-    # One submission, one otter run (a few minutes: it executes the notebook, Dask included):
-    # question 1 as the reference has it, question 2 with the average forgotten.
-    wrong = nbformat.read(solved, as_version=4)
-    (cell,) = [c for c in wrong.cells if "flat /= ctx.world_size" in c.source]
-    cell.source = cell.source.replace("        flat /= ctx.world_size\n", "")
-    (tmp_path / "wrong").mkdir()
-    nbformat.write(wrong, tmp_path / "wrong" / MASTER.name)
-    graded = grade(tmp_path / "wrong" / MASTER.name, "graded")
-    assert _scores(graded) == {"q1": (9, 9), "q2": (8 - 2 - 1 - 2, 8)}, graded  # q1: 2 hidden
-    (q2,) = [t for t in graded["tests"] if t["name"] == "q2"]
-    for check in ("q2-twin-sim", "q2-allreduce-sim", "q2-twin-dask"):
-        assert f"{check} failed" in q2["output"], q2["output"]
-
-
-def _scores(results: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """Each question's (score, out of) in otter's results.json."""
-    return {t["name"]: (t["score"], t["max_score"]) for t in results["tests"] if "score" in t}

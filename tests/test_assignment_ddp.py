@@ -1,10 +1,12 @@
-"""The bucketed DDP assignment: its grader gives the master notebook's solution full marks on
-the simulator and names the check each typical wrong solution fails, with the words a student
-reads (buckets sized as if float32: the hidden check alone); the student version ``otter
-assign`` makes holds no solution."""
+"""The bucketed DDP assignment: otter grades the master notebook's solution (full marks) and
+three typical wrong ones, each losing the points of the checks it breaks with the words a
+student reads (buckets sized as if float32: the hidden check alone; tests/otter_grading.py,
+skipped without otter-grader); the grader itself names the check two more fail, and reads the
+reference's measurements (--runslow)."""
 
 from __future__ import annotations
 
+import otter_grading
 import pytest
 from submissions import submission
 
@@ -38,35 +40,47 @@ def test_the_reference_solution_gets_full_marks():
     )
 
 
-# ~0.6 s (plus the lab's runs, ~1.4 s, where it is the module's first test): one more run of
-# the submission for its visible checks, 0.3 s for the hidden one.
-def test_buckets_sized_as_if_float32_fail_only_the_hidden_check():
+# otter assign of the master: a few hundredths of a CPU-second (importing otter, once per
+# process: ~1.7).
+@pytest.fixture(scope="module")
+def autograder(tmp_path_factory) -> otter_grading.Autograder:
+    return otter_grading.autograder("bucketed_ddp", tmp_path_factory)
+
+
+def test_otter_gives_the_reference_full_marks(autograder, tmp_path):
+    graded = autograder.grade(tmp_path)
+    assert graded.scores == {"q1": (10, 10)}, graded.results  # 2 hidden
+    assert graded.failed == [] and graded.visible.endswith("All test cases passed!")
+
+
+def test_buckets_sized_as_if_float32_fail_only_the_hidden_check(autograder, tmp_path):
     """Each gradient's bytes counted as 4 a value: the same three buckets at the visible 1 MB
     (the middle tensor fills a bucket of its own either way), four where each tensor should
-    have a bucket of its own."""
-    wrong = submission(
-        NOTEBOOK,
+    have a bucket of its own. The student reads every public test passed."""
+    graded = autograder.grade(
+        tmp_path,
         (
             "            nbytes = p.numel() * p.element_size()\n",
             "            nbytes = p.numel() * 4  # float32\n",
         ),
     )
-    report = grader.report(wrong["ddp_train"], hidden=True)
-    assert report.failed == HIDDEN, str(report)
-    assert report["q1-buckets-hidden"].detail.startswith(
+    assert graded.scores == {"q1": (8, 10)}, graded.results
+    assert graded.failed == HIDDEN
+    assert graded.detail("q1-buckets-hidden").startswith(
         "bucket_mb=0.03: rank 0, step 1: 4 allreduces of [5642, 262144, 512, 20480] elements; "
         "buckets of at most 0.03 MB filled from the last parameter to the first make 6, of "
         "[10, 5120, 512, 262144, 512, 20480] elements"
     )
+    assert graded.visible.endswith("All test cases passed!"), graded.visible
 
 
-def test_forgetting_to_divide_by_the_world_size_fails_the_twin():
-    wrong = submission(NOTEBOOK, (AVERAGE, ""))
-    report = grader.report(wrong["ddp_train"])
-    assert report.failed == ["q1-twin-sim"]
-    with pytest.raises(AssertionError, match=r"^q1-twin-sim failed: 3 workers: the parameters "):
-        report.require("q1-twin-sim")
-    assert "is every gradient averaged (the sum divided by N)" in report["q1-twin-sim"].detail
+def test_forgetting_to_divide_by_the_world_size_fails_the_twin(autograder, tmp_path):
+    graded = autograder.grade(tmp_path, (AVERAGE, ""))
+    assert graded.failed == ["q1-twin-sim", "q1-buckets-hidden"]
+    assert graded.scores == {"q1": (5, 10)}, graded.results
+    assert graded.detail("q1-twin-sim").startswith("3 workers: the parameters ")
+    assert "is every gradient averaged (the sum divided by N)" in graded.detail("q1-twin-sim")
+    assert "q1-twin-sim failed: 3 workers: the parameters " in graded.visible
 
 
 def test_an_allreduce_per_parameter_fails_the_bucket_count():
@@ -87,20 +101,22 @@ def test_an_allreduce_per_parameter_fails_the_bucket_count():
     )
 
 
-def test_waiting_for_each_bucket_after_backward_fails_the_overlap():
+def test_waiting_for_each_bucket_after_backward_fails_the_overlap(autograder, tmp_path):
     """The buckets noted in the hook but each allreduced, and waited for, after backward."""
-    wrong = submission(
-        NOTEBOOK,
+    graded = autograder.grade(
+        tmp_path,
         (START, "            self.started.append((b, None))\n"),
         (
             "            flat = await pending.wait()\n",
             "            flat = await self.comm.allreduce(self.flat[b])\n",
         ),
     )
-    report = grader.report(wrong["ddp_train"])
-    assert report.failed == ["q1-overlap-sim"]
-    assert report["q1-overlap-sim"].detail.startswith("no allreduce ran during backward (")
-    assert "start each bucket's allreduce from the gradient hook" in report["q1-overlap-sim"].detail
+    assert graded.failed == ["q1-overlap-sim"]
+    assert graded.scores == {"q1": (8, 10)}, graded.results
+    detail = graded.detail("q1-overlap-sim")
+    assert detail.startswith("no allreduce ran during backward (")
+    assert "start each bucket's allreduce from the gradient hook" in detail
+    assert "q1-overlap-sim failed: no allreduce ran during backward" in graded.visible
 
 
 def test_a_program_that_waits_on_one_rank_only_stops_and_fails_every_check():

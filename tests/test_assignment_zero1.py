@@ -1,10 +1,11 @@
-"""The ZeRO-1 assignment: its grader gives the master notebook's solution full marks on the
-simulator and names the check each typical wrong solution fails, with the words a student
-reads (shards cut without the padding: the hidden check alone); the student version ``otter
-assign`` makes holds no solution."""
+"""The ZeRO-1 assignment: otter grades the master notebook's solution (full marks) and three
+typical wrong ones, each losing the points of the checks it breaks with the words a student
+reads (shards cut without the padding: the hidden check alone; tests/otter_grading.py, skipped
+without otter-grader); the grader itself reads the reference's measurements (--runslow)."""
 
 from __future__ import annotations
 
+import otter_grading
 import pytest
 from submissions import submission
 
@@ -34,11 +35,24 @@ def test_the_reference_solution_gets_full_marks():
     )
 
 
-def test_stepping_the_whole_optimiser_on_every_rank_fails_the_memory_check():
+# otter assign of the master: a few hundredths of a CPU-second (importing otter, once per
+# process: ~1.7).
+@pytest.fixture(scope="module")
+def autograder(tmp_path_factory) -> otter_grading.Autograder:
+    return otter_grading.autograder("zero1", tmp_path_factory)
+
+
+def test_otter_gives_the_reference_full_marks(autograder, tmp_path):
+    graded = autograder.grade(tmp_path)
+    assert graded.scores == {"q1": (8, 8)}, graded.results  # 2 hidden
+    assert graded.failed == [] and graded.visible.endswith("All test cases passed!")
+
+
+def test_stepping_the_whole_optimiser_on_every_rank_fails_the_memory_check(autograder, tmp_path):
     """Allreduce, then every rank steps every parameter: right, and the same traffic, but a
     whole replica of optimiser state on each rank."""
-    wrong = submission(
-        NOTEBOOK,
+    graded = autograder.grade(
+        tmp_path,
         (SHARD, "    shard = torch.nn.Parameter(flat.clone())\n"),
         (
             "        shard.grad = await comm.reduce_scatter(grads) / n\n",
@@ -46,30 +60,30 @@ def test_stepping_the_whole_optimiser_on_every_rank_fails_the_memory_check():
         ),
         (GATHER, "        flat.copy_(shard.detach())\n"),
     )
-    report = grader.report(wrong["zero1_train"])
-    assert report.failed == ["q1-memory-sim"]
-    with pytest.raises(AssertionError, match=r"^q1-memory-sim failed: 3 workers: a rank holds "):
-        report.require("q1-memory-sim")
-    assert report["q1-memory-sim"].detail.startswith(
+    assert graded.failed == ["q1-memory-sim"]
+    assert graded.scores == {"q1": (6, 8)}, graded.results
+    assert graded.detail("q1-memory-sim").startswith(
         "3 workers: a rank holds 2310240 bytes of optimiser state; sharded over 3 ranks it is "
         "1/3 of the unsharded 2310224"
     )
+    assert "q1-memory-sim failed: 3 workers: a rank holds " in graded.visible
 
 
-def test_forgetting_the_all_gather_fails_the_twins_and_the_traffic():
-    wrong = submission(NOTEBOOK, (GATHER, ""))
-    report = grader.report(wrong["zero1_train"], hidden=True)
-    assert report.failed == ["q1-twin-sim", "q1-traffic-sim", "q1-padding-hidden"]
-    assert "every shard all-gathered back into the parameters" in report["q1-twin-sim"].detail
-    assert report["q1-traffic-sim"].detail.startswith("3 workers: rank 0 logged 1540160 bytes")
+def test_forgetting_the_all_gather_fails_the_twins_and_the_traffic(autograder, tmp_path):
+    graded = autograder.grade(tmp_path, (GATHER, ""))
+    assert graded.failed == ["q1-twin-sim", "q1-traffic-sim", "q1-padding-hidden"]
+    assert graded.scores == {"q1": (2, 8)}, graded.results
+    assert "every shard all-gathered back into the parameters" in graded.detail("q1-twin-sim")
+    assert graded.detail("q1-traffic-sim").startswith("3 workers: rank 0 logged 1540160 bytes")
 
 
-def test_shards_cut_without_the_padding_fail_only_the_hidden_check():
+def test_shards_cut_without_the_padding_fail_only_the_hidden_check(autograder, tmp_path):
     """Each rank's shard taken at rank x floor(P/N): the same as rank x ceil(P/N) on 2
     workers (288,778 is even), one element off on 3, where only the hidden check compares the
-    parameters (the memory and the traffic are right)."""
-    wrong = submission(
-        NOTEBOOK,
+    parameters (the memory and the traffic are right). The student reads every public test
+    passed."""
+    graded = autograder.grade(
+        tmp_path,
         (
             SHARD,
             "    shard = torch.nn.Parameter(\n"
@@ -77,9 +91,9 @@ def test_shards_cut_without_the_padding_fail_only_the_hidden_check():
             "    )\n",
         ),
     )
-    assert grader.report(wrong["zero1_train"]).failed == []
-    report = grader.report(wrong["zero1_train"], hidden=True)
-    assert report.failed == ["q1-padding-hidden"]
-    detail = report["q1-padding-hidden"].detail
+    assert graded.failed == ["q1-padding-hidden"]
+    assert graded.scores == {"q1": (6, 8)}, graded.results
+    detail = graded.detail("q1-padding-hidden")
     assert detail.startswith("3 workers: the parameters differ from the lab's zero1 by up to ")
     assert "(a shard of the padded flat tensor on each rank?)" in detail
+    assert graded.visible.endswith("All test cases passed!"), graded.visible
