@@ -23,7 +23,6 @@ import functools
 
 import torch
 
-from ...objective import correct_count, model_input, summed_loss
 from ...params import flat_grad, write_grads
 from ...training.ledger import Peak, StepMemory, nbytes, optimizer_state_bytes
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
@@ -57,10 +56,15 @@ class MeshModel:
         whole = cfg.recompute is True  # 'selective': attention's core only, the blocks' own
         self.dims = Dims(self.tp, cfg.sequence_parallel, whole, Ledgers(), self.context)
         self.zero, self.buffers = cfg.zero_stage, Peak()
+        # What crosses a cut between stages: the residual stream, sequence-first, of one
+        # micro-batch (with sequence parallelism, this rank's positions).
+        split = self.tp.world_size if cfg.sequence_parallel else 1
+        micro = cfg.batch_size // cfg.micro_batches
+        boundary = torch.Size((gpt.sequence // split, micro, gpt.embed.token.embedding_dim))
         self.stage = Stage(
             mesh_layers.build(gpt, self.tp, self.context), self.pp, self.dims,
             schedule=cfg.pipeline_schedule, micro_batches=cfg.micro_batches,
-            virtual=cfg.virtual_stages, hidden=gpt.embed.token.embedding_dim, dp=self.dp,
+            virtual=cfg.virtual_stages, boundary=boundary, dtype=cfg.dtype, dp=self.dp,
             buffers=self.buffers,
         )  # fmt: skip
         if ctx.precision is not None:
@@ -93,9 +97,7 @@ class MeshModel:
             y = self.context.take(y, 1)
         if self.tp.rank == 0:  # one row per stage and replica, as the pipelines write
             self.stage.on_event = functools.partial(self._event, step)
-        loss_sum, correct = await self.stage.train_step(
-            x, y, cfg.micro_batches, cfg.batch_size, cfg.dtype
-        )
+        loss_sum, correct = await self.stage.run(x, y, cfg.batch_size)
         stats = torch.tensor([loss_sum, float(correct)], dtype=torch.float64)
         await self.pp.allreduce(stats)  # the last stage's loss, to every stage
         await self._average_over_cp(stats)
@@ -109,9 +111,7 @@ class MeshModel:
         if self.zero:
             await self._reduce_scatter()
         elif self.dp.world_size > 1:
-            flat = flat_grad(self.params)
-            await self.dp.allreduce(flat)
-            write_grads(self.params, flat / self.dp.world_size)
+            await self.dp.average_grads(self.params)
         ctx.set_lr(self.optimizer, step)
         if ctx.precision is not None and ctx.precision.checks_overflow:
             # Dynamic loss scaling: one verdict for every rank, each holding a part of the
@@ -206,26 +206,11 @@ class MeshModel:
                 layer.unit = None
             await self.gather_all()
         if self.dp.rank == 0:
-            comm, micro = ctx.comm, cfg.batch_size // cfg.micro_batches
+            micro = cfg.batch_size // cfg.micro_batches
+            context = self.context
+            take = (lambda y: y) if context is None else (lambda y: context.take(y, 1))
             for kind, split in (("val", ctx.data.val), ("test", ctx.data.test)):
-                loss, hits, n_all = 0.0, 0, 0
-                for start in range(0, len(split), micro):
-                    n = min(micro, len(split) - start)
-                    for chunk in stage.chunks:
-                        if chunk.is_first:
-                            inp = model_input(split.x[start : start + n], ctx.device, cfg.dtype)
-                        else:
-                            shape = stage._activation_shape(split.x.shape[1], n)
-                            inp = await comm.recv(torch.empty(shape, dtype=cfg.dtype), chunk.prev)
-                        out, _ = await stage.forward(chunk, inp, grad=False)
-                        if chunk.is_last:
-                            y = split.y[start : start + n].to(ctx.device)
-                            y = y if self.context is None else self.context.take(y, 1)
-                            loss += summed_loss(out, y).item()
-                            hits += correct_count(out, y)
-                            n_all += n
-                        else:
-                            await comm.send(out.contiguous(), chunk.next)
+                loss, hits, n_all = await stage.score(split, micro, ctx.device, take)
                 if self.context is not None:
                     scores = torch.tensor([loss, float(hits)], dtype=torch.float64)
                     await self._average_over_cp(scores)
