@@ -129,7 +129,7 @@ class MeshModel:
         if not self.zero:
             for p in self.params:
                 p.grad = None
-        return StepStats(stats[0].item(), int(stats[1].item()), len(y))
+        return StepStats(stats[0].item(), stats[1].item(), len(y))  # a sequence: a share
 
     async def _average_over_cp(self, flat: torch.Tensor) -> None:
         """cp: each rank's loss is the mean over its S/C positions, C times its share of the
@@ -199,7 +199,8 @@ class MeshModel:
 
     async def evaluate(self, *, epoch: float, step: int) -> None:
         """Replica 0 scores val and test in slices of a micro-batch, each through every
-        virtual stage in turn; the last stage's ``tp`` rank 0 logs the rows."""
+        virtual stage in turn; the last stage's ``tp`` rank 0 logs the rows, with the bytes it
+        sent for each split."""
         ctx, cfg, stage = self.ctx, self.ctx.config, self.stage
         if self.zero == 3:  # every replica takes part in the gathers
             for layer in self.layers:
@@ -210,13 +211,15 @@ class MeshModel:
             context = self.context
             take = (lambda y: y) if context is None else (lambda y: context.take(y, 1))
             for kind, split in (("val", ctx.data.val), ("test", ctx.data.test)):
+                sent_before = ctx.comm.bytes_sent
                 loss, hits, n_all = await stage.score(split, micro, ctx.device, take)
                 if self.context is not None:
                     scores = torch.tensor([loss, float(hits)], dtype=torch.float64)
                     await self._average_over_cp(scores)
                     loss, hits = scores[0].item(), scores[1].item()
                 if stage.is_last and self.tp.rank == 0 and self.cp.rank == 0 and n_all:
-                    ctx.log_eval(kind, epoch, step, loss, hits, n_all)
+                    sent = ctx.comm.bytes_sent - sent_before
+                    ctx.log_eval(kind, epoch, step, loss, hits, n_all, sent)
         if self.zero == 3:
             self.free_all()
             for layer, unit in zip(self.layers, self.units, strict=True):

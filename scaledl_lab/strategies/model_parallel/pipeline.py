@@ -117,7 +117,7 @@ class Stage(Executor):
         check_finite(stats[0].item(), rank=ctx.rank, epoch=step // ctx.steps_per_epoch, step=step)
         if self.dp.world_size > 1:
             await self.dp.average_grads(self.params)
-        return StepStats(stats[0].item(), int(stats[1].item()), len(y))
+        return StepStats(stats[0].item(), stats[1].item(), len(y))  # a sequence: a share
 
     # -- evaluation ----------------------------------------------------------------------
 
