@@ -42,9 +42,10 @@ from .view import mesh_views
 class MeshModel:
     """This rank's part of gpt-tiny on the mesh, its groups, its optimiser."""
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, mesh: Mesh | None = None) -> None:
+        """``mesh``: the config's unless given (``tensor-parallel`` on gpt-tiny: ``tp=p``)."""
         cfg, comm = ctx.config, ctx.comm
-        self.ctx, self.mesh = ctx, Mesh.parse(cfg.mesh)
+        self.ctx, self.mesh = ctx, mesh or Mesh.parse(cfg.mesh)
         self.view = mesh_views(comm, self.mesh)
         self.tp, self.pp, self.dp = self.view["tp"], self.view["pp"], self.view["dp"]
         self.cp = self.view["cp"]
@@ -70,6 +71,7 @@ class MeshModel:
         if ctx.precision is not None:
             self.stage.to_loss = ctx.precision.logits
         self.layers = self.stage.layers
+        self.blocks = [layer for layer in self.layers if isinstance(layer, mesh_layers.Block)]
         self.params = [p for layer in self.layers for p in layer.module.parameters()]
         self.units: list[FlatUnit] = []
         if self.zero:
@@ -91,6 +93,8 @@ class MeshModel:
         cfg, ctx = self.ctx.config, self.ctx
         self.buffers.reset()
         self.dims.ledgers.new_step()
+        for block in self.blocks:
+            block.bytes_sent = 0
         for unit in self.units if self.zero == 1 else ():
             unit.keep_full_grads()  # backward accumulates into the flat gradient
         if self.context is not None:  # cp: the targets of this rank's positions
@@ -152,8 +156,7 @@ class MeshModel:
     async def _sum_split_regions(self) -> None:
         """Sequence parallelism: each ``tp`` rank saw its positions only, so the LayerNorms'
         and the two biases' gradients are summed over ``tp``."""
-        params = [p for layer in self.layers if isinstance(layer, mesh_layers.Block)
-                  for p in layer.module.split_region_parameters()]  # fmt: skip
+        params = [p for block in self.blocks for p in block.module.split_region_parameters()]
         if not params:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -241,17 +244,23 @@ class MeshModel:
     "a device mesh: data (ZeRO), tensor/sequence, pipeline and context parallelism composed on "
     "gpt-tiny, experts over data ranks on gpt-tiny-moe (--mesh dp=D,tp=T,pp=P,cp=C,ep=E)",
 )
-async def train(ctx: WorkerContext) -> None:
+async def train(ctx: WorkerContext, mesh: Mesh | None = None) -> None:
+    """``mesh``: the config's unless given (``tensor-parallel`` on gpt-tiny runs ``tp=p``)."""
     if ctx.config.model == "gpt-tiny-moe":  # dp × ep: the experts over the data ranks
         return await experts.train(ctx)
     comm = ctx.comm
-    model = MeshModel(ctx)
+    model = MeshModel(ctx, mesh)
     await model.evaluate(epoch=0.0, step=0)
     step = 0
     for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
         stats = await model.train_step(x, y, step)
         step += 1
+        # What the tensor-parallel study compares (studies/model_parallel): the blocks' traffic
+        # of the last step (f and g), the LayerNorm regions' largest saved bytes.
+        ctx.result["block_bytes_sent"] = sum(block.bytes_sent for block in model.blocks)
+        norms = model.dims.ledgers.norms.bytes.peak
+        ctx.result["norm_activations"] = max(ctx.result.get("norm_activations", 0), norms)
         counted = model.stage.is_last and model.tp.rank == 0 and model.cp.rank == 0
         counted = stats.samples if counted else 0
         sent, lr = comm.bytes_sent - sent_before, lr_of(model.optimizer)
