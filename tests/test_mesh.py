@@ -11,7 +11,7 @@ import pytest
 from common import assert_same_run, max_diff
 
 from scaledl_lab import ConfigError, ExperimentConfig, run
-from scaledl_lab.strategies.mesh import program
+from scaledl_lab.strategies.mesh import program, view
 from scaledl_lab.strategies.mesh.gather import assemble
 from scaledl_lab.strategies.mesh.grid import Mesh
 from scaledl_lab.strategies.mesh.layers import Deferred
@@ -219,7 +219,7 @@ def _no_weights(self, module):  # zero bubble's W left out
         (Exchange, "f_backward", None, dict(dp=1, tp=2, pp=1)),
         (Deferred, "weights", _no_weights, dict(dp=1, tp=2, pp=2, schedule="zb-h1")),
         (program.MeshModel, "_sum_split_regions", _no_region_sum, dict(dp=1, tp=2, pp=1, sp=True)),
-        (program, "write_grads", _no_dp_average, dict(dp=2, tp=1, pp=2)),
+        (view, "write_grads", _no_dp_average, dict(dp=2, tp=1, pp=2)),
     ],
 )
 def test_a_broken_composition_fails_the_twin(monkeypatch, target, name, broken, mesh):

@@ -264,7 +264,17 @@ def test_peak_stashed_activations(strategy):
         assert peaks == [m] * p
     else:
         assert peaks == [p - s for s in range(p)]
-    assert all(o["peak_stashed_bytes"] > 0 for o in outs)
+    # Each stashed micro-batch keeps the stage's input and output (the last stage's: the loss,
+    # a scalar), float32, in micro-batches of 32 / m samples.
+    model_layers = layers(build_model("mlp", (1, 28, 28), 10, seed=0))
+    sample = torch.zeros(32 // m, 1, 28, 28)
+    shapes = [sample.shape, *boundary_shapes(model_layers, sample)]
+    counts = stage_counts(cfg.balance, model_layers, p, sample)
+    cuts = [sum(counts[:s]) for s in range(p + 1)]
+    kept = [4 * (shapes[cuts[s]].numel() + shapes[cuts[s + 1]].numel()) for s in range(p - 1)]
+    kept.append(4 * (shapes[cuts[p - 1]].numel() + 1))
+    expected = [n * b for n, b in zip(peaks, kept, strict=True)]
+    assert [o["peak_stashed_bytes"] for o in outs] == expected
 
 
 def test_results_keep_the_events_and_summarise_the_pipeline(tmp_path):

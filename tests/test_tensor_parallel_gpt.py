@@ -37,8 +37,8 @@ def _run(degree: int, sequence_parallel: bool, **changes) -> tuple[ExperimentCon
 def test_equals_the_unsplit_gpt_after_20_steps(degree, sequence_parallel):
     cfg, res = _run(degree, sequence_parallel)
     reference = train_sequential(cfg, load_for(cfg))
-    for rank in range(degree):  # every rank reassembles the whole unsplit model
-        assert max_diff(res.state_dict(rank=rank), reference) < 1e-10
+    # Rank 0 reassembles the whole unsplit model (gpt-tiny's tensor parallelism is the mesh's).
+    assert max_diff(res.state_dict(rank=0), reference) < 1e-10
     init = train_sequential(cfg.replace(max_steps=1, lr=1e-12), load_for(cfg))
     assert max_diff(reference, init) > 1e-3  # ... and training really moved it
     train = res.frame[res.frame.kind == "train"]
@@ -53,7 +53,6 @@ def test_dask_equals_sim_bit_for_bit(client, sequence_parallel):
     )
     dask = run(cfg, client=client, progress=False, log=None)
     sim = run(cfg.replace(runtime="sim"), progress=False, log=None)
-    assert max_diff(dask.state_dict(rank=0), dask.state_dict(rank=1)) == 0.0
     assert max_diff(dask.state_dict(rank=0), sim.state_dict(rank=0)) == 0.0
     assert max_diff(dask.state_dict(rank=0), train_sequential(cfg, load_for(cfg))) < 1e-10
     keys = ["rank", "step", "loss", "bytes_sent"]

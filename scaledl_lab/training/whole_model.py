@@ -10,8 +10,10 @@ replica; the parts of a replica then join by a union, whatever the strategy:
   whole model, and is a replica of its own;
 - pipelines: each rank holds its stage's layers (interleaved: its chunks); a replica's stages
   together hold the model;
-- tensor parallelism: every rank holds the whole model, its slices put together at the end;
-- the mesh: rank 0 holds the whole model, gathered along every dimension; its other ranks none;
+- tensor parallelism of the MLP: every rank holds the whole model, its slices put together at
+  the end;
+- the mesh (and gpt-tiny's tensor parallelism, the mesh ``tp=p``): rank 0 holds the whole
+  model, gathered along every dimension; its other ranks none;
 - workers that train models of their own (gossip, local SGD, NNT): replica ``r`` is worker
   ``r``'s model; they differ (a run's ``best_rank`` output names the best on validation).
 

@@ -153,12 +153,17 @@ class Block:
         )
         self.shares, self.prefix = shares, f"blocks.{index}."
         self.unit: Any = None
+        self.bytes_sent = 0  # by f and g (and their sequence-parallel forms) since reset
 
     async def forward(self, dims: Dims, x: torch.Tensor, grad: bool) -> tuple[torch.Tensor, Any]:
+        before = dims.tp.bytes_sent
         if dims.recompute and grad:  # keep the input only
             out, _ = await self._run(dims, _leaf(x, False), grad=False)
+            self.bytes_sent += dims.tp.bytes_sent - before
             return out, {"x": x.detach()}
-        return await self._run(dims, _leaf(x, grad), grad=grad)
+        out, saved = await self._run(dims, _leaf(x, grad), grad=grad)
+        self.bytes_sent += dims.tp.bytes_sent - before
+        return out, saved
 
     async def _run(self, dims: Dims, x: torch.Tensor, grad: bool) -> tuple[torch.Tensor, Any]:
         return await self.module.forward_async(
@@ -168,14 +173,16 @@ class Block:
     async def backward(
         self, dims: Dims, saved: Any, grad: torch.Tensor, weights: bool = True
     ) -> torch.Tensor:
-        kept = saved  # where W finds its graphs
+        kept, before = saved, dims.tp.bytes_sent  # kept: where W finds its graphs
         if dims.recompute:  # the forward again, its collectives too, then its backward
             _, saved = await self._run(dims, _leaf(saved["x"], True), grad=True)
         leaves = [saved[k] for k in ("x", "a", "s1", "r1_leaf", "c", "s2")]
         run = Deferred.run(kept, leaves, weights)
         # zero bubble's B: a third of the step (BACKWARD's half), W the other third
         shares = self.shares if weights else (self.shares[0] / 2, self.shares[1] / 2)
-        return await self.module.backward(dims.exchange, saved, grad, shares, run)
+        grad_in = await self.module.backward(dims.exchange, saved, grad, shares, run)
+        self.bytes_sent += dims.tp.bytes_sent - before
+        return grad_in
 
     async def weights(self, dims: Dims, saved: Any) -> None:
         async with dims.tp.compute(saved["x"].shape[1], sum(self.shares) * W):

@@ -23,7 +23,6 @@ import functools
 
 import torch
 
-from ...objective import correct_count, model_input, summed_loss
 from ...params import flat_grad, write_grads
 from ...training.ledger import Peak, StepMemory, nbytes, optimizer_state_bytes
 from ...training.worker import StepStats, WorkerContext, check_finite, lr_of
@@ -43,9 +42,10 @@ from .view import mesh_views
 class MeshModel:
     """This rank's part of gpt-tiny on the mesh, its groups, its optimiser."""
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, mesh: Mesh | None = None) -> None:
+        """``mesh``: the config's unless given (``tensor-parallel`` on gpt-tiny: ``tp=p``)."""
         cfg, comm = ctx.config, ctx.comm
-        self.ctx, self.mesh = ctx, Mesh.parse(cfg.mesh)
+        self.ctx, self.mesh = ctx, mesh or Mesh.parse(cfg.mesh)
         self.view = mesh_views(comm, self.mesh)
         self.tp, self.pp, self.dp = self.view["tp"], self.view["pp"], self.view["dp"]
         self.cp = self.view["cp"]
@@ -57,15 +57,21 @@ class MeshModel:
         whole = cfg.recompute is True  # 'selective': attention's core only, the blocks' own
         self.dims = Dims(self.tp, cfg.sequence_parallel, whole, Ledgers(), self.context)
         self.zero, self.buffers = cfg.zero_stage, Peak()
+        # What crosses a cut between stages: the residual stream, sequence-first, of one
+        # micro-batch (with sequence parallelism, this rank's positions).
+        split = self.tp.world_size if cfg.sequence_parallel else 1
+        micro = cfg.batch_size // cfg.micro_batches
+        boundary = torch.Size((gpt.sequence // split, micro, gpt.embed.token.embedding_dim))
         self.stage = Stage(
             mesh_layers.build(gpt, self.tp, self.context), self.pp, self.dims,
             schedule=cfg.pipeline_schedule, micro_batches=cfg.micro_batches,
-            virtual=cfg.virtual_stages, hidden=gpt.embed.token.embedding_dim, dp=self.dp,
+            virtual=cfg.virtual_stages, boundary=boundary, dtype=cfg.dtype, dp=self.dp,
             buffers=self.buffers,
         )  # fmt: skip
         if ctx.precision is not None:
             self.stage.to_loss = ctx.precision.logits
         self.layers = self.stage.layers
+        self.blocks = [layer for layer in self.layers if isinstance(layer, mesh_layers.Block)]
         self.params = [p for layer in self.layers for p in layer.module.parameters()]
         self.units: list[FlatUnit] = []
         if self.zero:
@@ -87,15 +93,15 @@ class MeshModel:
         cfg, ctx = self.ctx.config, self.ctx
         self.buffers.reset()
         self.dims.ledgers.new_step()
+        for block in self.blocks:
+            block.bytes_sent = 0
         for unit in self.units if self.zero == 1 else ():
             unit.keep_full_grads()  # backward accumulates into the flat gradient
         if self.context is not None:  # cp: the targets of this rank's positions
             y = self.context.take(y, 1)
         if self.tp.rank == 0:  # one row per stage and replica, as the pipelines write
             self.stage.on_event = functools.partial(self._event, step)
-        loss_sum, correct = await self.stage.train_step(
-            x, y, cfg.micro_batches, cfg.batch_size, cfg.dtype
-        )
+        loss_sum, correct = await self.stage.run(x, y, cfg.batch_size)
         stats = torch.tensor([loss_sum, float(correct)], dtype=torch.float64)
         await self.pp.allreduce(stats)  # the last stage's loss, to every stage
         await self._average_over_cp(stats)
@@ -109,9 +115,7 @@ class MeshModel:
         if self.zero:
             await self._reduce_scatter()
         elif self.dp.world_size > 1:
-            flat = flat_grad(self.params)
-            await self.dp.allreduce(flat)
-            write_grads(self.params, flat / self.dp.world_size)
+            await self.dp.average_grads(self.params)
         ctx.set_lr(self.optimizer, step)
         if ctx.precision is not None and ctx.precision.checks_overflow:
             # Dynamic loss scaling: one verdict for every rank, each holding a part of the
@@ -129,7 +133,7 @@ class MeshModel:
         if not self.zero:
             for p in self.params:
                 p.grad = None
-        return StepStats(stats[0].item(), int(stats[1].item()), len(y))
+        return StepStats(stats[0].item(), stats[1].item(), len(y))  # a sequence: a share
 
     async def _average_over_cp(self, flat: torch.Tensor) -> None:
         """cp: each rank's loss is the mean over its S/C positions, C times its share of the
@@ -152,8 +156,7 @@ class MeshModel:
     async def _sum_split_regions(self) -> None:
         """Sequence parallelism: each ``tp`` rank saw its positions only, so the LayerNorms'
         and the two biases' gradients are summed over ``tp``."""
-        params = [p for layer in self.layers if isinstance(layer, mesh_layers.Block)
-                  for p in layer.module.split_region_parameters()]  # fmt: skip
+        params = [p for block in self.blocks for p in block.module.split_region_parameters()]
         if not params:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -199,39 +202,27 @@ class MeshModel:
 
     async def evaluate(self, *, epoch: float, step: int) -> None:
         """Replica 0 scores val and test in slices of a micro-batch, each through every
-        virtual stage in turn; the last stage's ``tp`` rank 0 logs the rows."""
+        virtual stage in turn; the last stage's ``tp`` rank 0 logs the rows, with the bytes it
+        sent for each split."""
         ctx, cfg, stage = self.ctx, self.ctx.config, self.stage
         if self.zero == 3:  # every replica takes part in the gathers
             for layer in self.layers:
                 layer.unit = None
             await self.gather_all()
         if self.dp.rank == 0:
-            comm, micro = ctx.comm, cfg.batch_size // cfg.micro_batches
+            micro = cfg.batch_size // cfg.micro_batches
+            context = self.context
+            take = (lambda y: y) if context is None else (lambda y: context.take(y, 1))
             for kind, split in (("val", ctx.data.val), ("test", ctx.data.test)):
-                loss, hits, n_all = 0.0, 0, 0
-                for start in range(0, len(split), micro):
-                    n = min(micro, len(split) - start)
-                    for chunk in stage.chunks:
-                        if chunk.is_first:
-                            inp = model_input(split.x[start : start + n], ctx.device, cfg.dtype)
-                        else:
-                            shape = stage._activation_shape(split.x.shape[1], n)
-                            inp = await comm.recv(torch.empty(shape, dtype=cfg.dtype), chunk.prev)
-                        out, _ = await stage.forward(chunk, inp, grad=False)
-                        if chunk.is_last:
-                            y = split.y[start : start + n].to(ctx.device)
-                            y = y if self.context is None else self.context.take(y, 1)
-                            loss += summed_loss(out, y).item()
-                            hits += correct_count(out, y)
-                            n_all += n
-                        else:
-                            await comm.send(out.contiguous(), chunk.next)
+                sent_before = ctx.comm.bytes_sent
+                loss, hits, n_all = await stage.score(split, micro, ctx.device, take)
                 if self.context is not None:
                     scores = torch.tensor([loss, float(hits)], dtype=torch.float64)
                     await self._average_over_cp(scores)
                     loss, hits = scores[0].item(), scores[1].item()
                 if stage.is_last and self.tp.rank == 0 and self.cp.rank == 0 and n_all:
-                    ctx.log_eval(kind, epoch, step, loss, hits, n_all)
+                    sent = ctx.comm.bytes_sent - sent_before
+                    ctx.log_eval(kind, epoch, step, loss, hits, n_all, sent)
         if self.zero == 3:
             self.free_all()
             for layer, unit in zip(self.layers, self.units, strict=True):
@@ -253,17 +244,23 @@ class MeshModel:
     "a device mesh: data (ZeRO), tensor/sequence, pipeline and context parallelism composed on "
     "gpt-tiny, experts over data ranks on gpt-tiny-moe (--mesh dp=D,tp=T,pp=P,cp=C,ep=E)",
 )
-async def train(ctx: WorkerContext) -> None:
+async def train(ctx: WorkerContext, mesh: Mesh | None = None) -> None:
+    """``mesh``: the config's unless given (``tensor-parallel`` on gpt-tiny runs ``tp=p``)."""
     if ctx.config.model == "gpt-tiny-moe":  # dp × ep: the experts over the data ranks
         return await experts.train(ctx)
     comm = ctx.comm
-    model = MeshModel(ctx)
+    model = MeshModel(ctx, mesh)
     await model.evaluate(epoch=0.0, step=0)
     step = 0
     for x, y in ctx.local_batches():
         sent_before = comm.bytes_sent
         stats = await model.train_step(x, y, step)
         step += 1
+        # What the tensor-parallel study compares (studies/model_parallel): the blocks' traffic
+        # of the last step (f and g), the LayerNorm regions' largest saved bytes.
+        ctx.result["block_bytes_sent"] = sum(block.bytes_sent for block in model.blocks)
+        norms = model.dims.ledgers.norms.bytes.peak
+        ctx.result["norm_activations"] = max(ctx.result.get("norm_activations", 0), norms)
         counted = model.stage.is_last and model.tp.rank == 0 and model.cp.rank == 0
         counted = stats.samples if counted else 0
         sent, lr = comm.bytes_sent - sent_before, lr_of(model.optimizer)

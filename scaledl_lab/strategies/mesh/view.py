@@ -14,7 +14,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import torch
+from torch import nn
 
+from ...params import flat_grad, write_grads
 from ...runtime.base import Comm, Group, Incoming, Pending
 from .grid import DIMENSIONS, Mesh
 
@@ -62,6 +64,13 @@ class GroupComm:
 
     async def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
         return await self.comm.all_to_all(tensor, self.group)
+
+    async def average_grads(self, params: list[nn.Parameter]) -> None:
+        """Data parallelism's step: every gradient replaced by its mean over the group (one
+        allreduce of them all, flattened)."""
+        flat = flat_grad(params)
+        await self.allreduce(flat)
+        write_grads(params, flat / self.world_size)
 
     def isend(self, tensor: torch.Tensor, member: int) -> Pending:
         """Send to the ``member``-th rank of the group (a ring's neighbour)."""

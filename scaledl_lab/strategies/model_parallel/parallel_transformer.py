@@ -2,7 +2,7 @@
 with sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", §4.2.2).
 
-Layout, degree ``p`` (the workers), ``w = h / p``. In each block, rank ``r`` owns heads
+Layout, degree ``p``, ``w = h / p``. In each block, rank ``r`` owns heads
 ``r·A/p … (r+1)·A/p − 1``: its rows of Q, K and V in the QKV Linear (column-parallel; the heads
 need no communication, each attends on its own), and the matching columns of the output
 projection (row-parallel, a partial sum of the output); the MLP as in :mod:`.tensor_parallel`,
@@ -25,7 +25,10 @@ for backward is 1/p as large. What sequence parallelism adds, outside the blocks
 replicated embedding's output enters the split (backward: an all-gather of its gradient), the
 last block's output is all-gathered for the replicated head (backward: none), and the
 parameters of the split regions (LayerNorms, the two biases) get one allreduce of their
-gradients per step, since each rank saw only its positions.
+gradients per step, since each rank saw only its positions. The whole model, those steps
+outside the blocks included, runs on the mesh (``tensor-parallel`` on gpt-tiny is the mesh
+``tp=p``): the replicated embedding and head in :mod:`..mesh.layers`, the split regions' sum in
+:mod:`..mesh.program`.
 
 Every tensor of a parallel block is sequence-first, ``(S, B, h)``, as Megatron's: a split along
 the sequence is then a contiguous chunk, what ``reduce_scatter`` and ``all_gather_into`` take.
@@ -41,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...gpt import GPT, Block, causal_attention
+from ...gpt import Block, causal_attention
 from ...runtime.base import Comm
-from ...training.ledger import SavedTensors, StepMemory, nbytes, optimizer_state_bytes
+from ...training.ledger import SavedTensors
 from ...training.recompute import checkpoint_function
 from .conjugates import Exchange
 
@@ -208,105 +211,3 @@ class ParallelBlock(nn.Module):
             proj.bias.copy_(self.proj_bias)
             down.bias.copy_(self.down_bias)
         return parts
-
-
-class TensorParallelGPT(nn.Module):
-    """gpt-tiny on one rank: the replicated embedding, the parallel blocks, the replicated
-    head; ``sequence_parallel`` splits the blocks' LayerNorm regions along the sequence."""
-
-    def __init__(self, gpt: GPT, rank: int, degree: int, *, sequence_parallel: bool) -> None:
-        super().__init__()
-        self.rank, self.degree, self.sequence_parallel = rank, degree, sequence_parallel
-        self.embed, self.head = copy.deepcopy(gpt.embed), copy.deepcopy(gpt.head)
-        self.blocks = nn.ModuleList(ParallelBlock(b, rank, degree) for b in gpt.blocks)
-        self.ledgers = Ledgers()
-        self.block_bytes = 0  # sent inside the blocks since the step began (f and g)
-        s = gpt.sequence
-        # Shares of the unsplit model's multiply-accumulates, the simulator's compute charges.
-        total = sum(m.weight.numel() for m in gpt.modules() if isinstance(m, nn.Linear)) * s
-        total += sum(2 * s * s * b.attn.proj.in_features for b in gpt.blocks)
-        self.shares = [(b.attention_macs(s) / total, b.mlp_macs(s) / total) for b in self.blocks]
-        self.head_share = s * gpt.head.out.weight.numel() / total
-
-    def split_region_parameters(self) -> list[nn.Parameter]:
-        return [p for b in self.blocks for p in b.split_region_parameters()]
-
-    def _positions(self, s: int) -> slice:
-        chunk = s // self.degree
-        return slice(self.rank * chunk, (self.rank + 1) * chunk)
-
-    async def forward_async(
-        self, comm: Comm, idx: torch.Tensor, *, grad: bool = True
-    ) -> tuple[torch.Tensor, dict]:
-        """Logits ``(N, V, S)``, whole and the same on every rank, and what backward needs."""
-        ex = Exchange(comm, self.sequence_parallel)
-        with torch.set_grad_enabled(grad):
-            embedded = self.embed(idx).transpose(0, 1)  # (S, B, h), replicated
-        x = embedded.detach()
-        if self.sequence_parallel:
-            # Enter the split, no communication; a copy, so that the split region keeps only
-            # its positions alive (a view would hold the whole sequence's storage).
-            x = x[self._positions(x.shape[0])].clone()
-        x = _leaf(x, grad)
-        saved: dict = {"embedded": embedded, "x": x, "blocks": []}
-        for block, shares in zip(self.blocks, self.shares, strict=True):
-            before = comm.bytes_sent
-            x, t = await block.forward_async(ex, x, shares, self.ledgers, grad=grad)
-            self.block_bytes += comm.bytes_sent - before
-            saved["blocks"].append(t)
-            x = _leaf(x, grad)
-        saved["last"] = x
-        if self.sequence_parallel:
-            x = await ex.all_gather(x.detach())  # leave the split for the replicated head
-        saved["z"] = z = _leaf(x, grad)
-        with torch.set_grad_enabled(grad):
-            logits = self.head(z.transpose(0, 1))
-        return logits, saved
-
-    async def backward(self, comm: Comm, saved: dict) -> None:
-        """After the loss's backward filled the head's input gradient: every block's, in
-        reverse, then the embedding's; sequence parallelism's region parameters allreduced."""
-        ex = Exchange(comm, self.sequence_parallel)
-        grad = saved["z"].grad
-        if self.sequence_parallel:
-            grad = grad[self._positions(grad.shape[0])]  # the head is replicated: no sum
-        for i in reversed(range(len(self.blocks))):
-            before = comm.bytes_sent
-            grad = await self.blocks[i].backward(ex, saved["blocks"][i], grad, self.shares[i])
-            self.block_bytes += comm.bytes_sent - before
-        if self.sequence_parallel:
-            grad = await ex.all_gather(grad)  # every rank's positions, for the embedding
-        torch.autograd.backward(saved["embedded"], grad)
-        if self.sequence_parallel:
-            params = self.split_region_parameters()
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            await comm.allreduce(flat)
-            for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                p.grad.copy_(part.view_as(p))
-
-    def memory(self, optimizer: torch.optim.Optimizer) -> StepMemory:
-        params = list(self.parameters())
-        return StepMemory(
-            params=nbytes(params),
-            grads=nbytes(p.grad for p in params),
-            optim=optimizer_state_bytes(optimizer),
-            activations=self.ledgers.norms.bytes.peak + self.ledgers.rest.bytes.peak,
-        )
-
-    async def unsplit(self, comm: Comm, full: GPT) -> GPT:
-        """Write every rank's slices into ``full`` (an unsplit GPT): one allreduce of the
-        zero-padded full-size tensors (x + 0 = x); the replicated tensors copied."""
-        buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one per unsplit tensor
-        for block, unsplit_block in zip(self.blocks, full.blocks, strict=True):
-            for target, index, source in block.write_into(unsplit_block):
-                _, buffer = buffers.setdefault(id(target), (target, torch.zeros_like(target)))
-                buffer[index] = source.detach()
-        targets = [target for target, _ in buffers.values()]
-        flat = torch.cat([buffer.reshape(-1) for _, buffer in buffers.values()])
-        await comm.allreduce(flat)
-        with torch.no_grad():
-            for target, part in zip(targets, flat.split([t.numel() for t in targets]), strict=True):
-                target.copy_(part.view_as(target))
-            full.embed.load_state_dict(self.embed.state_dict())
-            full.head.load_state_dict(self.head.state_dict())
-        return full

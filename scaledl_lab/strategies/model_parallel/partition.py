@@ -178,21 +178,6 @@ def boundary_shapes(model_layers: Sequence[nn.Module], sample: torch.Tensor) -> 
     return shapes
 
 
-class Chunk:
-    """One virtual stage of this worker: its layers, shapes and share of a step's cost."""
-
-    def __init__(
-        self, virtual: int, layers: nn.Sequential, in_shape: torch.Size, out_shape: torch.Size,
-        share: float, last: int, stages: int,
-    ) -> None:  # fmt: skip
-        self.virtual, self.layers, self.share = virtual, layers, share
-        self.in_shape, self.out_shape = in_shape, out_shape
-        self.is_first, self.is_last = virtual == 0, virtual == last
-        self.params = [p for p in layers.parameters() if p.requires_grad]
-        self.prev_worker = (virtual - 1) % stages  # ranks relative to the replica's first
-        self.next_worker = (virtual + 1) % stages
-
-
 def check_model_parallel(cfg: Any) -> None:
     """Config errors of the model-parallel strategies (stages, micro-batches, balance,
     tensor-parallel degree), each one line naming the field, before any cluster starts."""

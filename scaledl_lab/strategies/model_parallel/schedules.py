@@ -5,7 +5,7 @@ holds several model chunks. The phases are the forward ``"F"``, the backward ``"
 the backward is split (zero-bubble schedules), ``"B"`` for the input gradient only and ``"W"``
 for the weight gradient. With p workers of V chunks each the model is cut into p·V virtual
 stages and chunk c of worker s is virtual stage v = c·p + s (Megatron-LM's interleaving). The
-executor (:mod:`.pipeline`) runs any of them. Dependencies are the same for all: F(v, m) needs
+executor (:mod:`.executor`) runs any of them. Dependencies are the same for all: F(v, m) needs
 F(v − 1, m); B(v, m) needs F(v, m) and B(v + 1, m); W(v, m) needs B(v, m).
 
 - :func:`gpipe` (Huang et al. 2019): fill–drain, every forward then every backward, so a stage

@@ -1,5 +1,6 @@
 """Tensor (intra-layer) model parallelism for the MLP, as Megatron-LM (Shoeybi et al. 2019, §3);
-gpt-tiny's whole blocks, with or without sequence parallelism, in :mod:`.parallel_transformer`.
+gpt-tiny's whole blocks, with or without sequence parallelism, in :mod:`.parallel_transformer`,
+run as the mesh ``tp=p`` (:mod:`..mesh.program`: one dimension of the mesh above 1).
 
 Layout. The MLP ``784 → 512 → 512 → 10`` becomes one Megatron block and a replicated head; with
 ``p`` workers (the tensor-parallel degree) and ``w = 512 / p``, rank ``r`` owns slice
@@ -42,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...gpt import GPT
 from ...models import MLP
 from ...objective import correct_count, model_input, summed_loss
 from ...runtime.base import Comm
@@ -55,8 +55,9 @@ from ...training.worker import (
     lr_of,
     make_optimizer,
 )
+from ..mesh import program as mesh_program
+from ..mesh.grid import Mesh
 from ..registry import register
-from .parallel_transformer import TensorParallelGPT
 
 FORWARD, BACKWARD = 1 / 3, 2 / 3  # a step's FLOPs: forward ~1/3, backward (two matmuls) ~2/3
 
@@ -179,7 +180,7 @@ class TensorParallelMLP(nn.Module):
 
 
 async def evaluate(
-    ctx: WorkerContext, model: TensorParallelMLP | TensorParallelGPT, *, epoch: float, step: int
+    ctx: WorkerContext, model: TensorParallelMLP, *, epoch: float, step: int
 ) -> None:
     """Every rank runs the same forwards on whole splits (each holds an allreduce); rank 0
     records one row per split."""
@@ -208,10 +209,9 @@ async def evaluate(
 async def train(ctx: WorkerContext) -> None:
     """The program one worker runs: every rank reads the same batch and holds 1/p of the block."""
     cfg, comm = ctx.config, ctx.comm
-    unsplit = ctx.build_model()
-    if isinstance(unsplit, GPT):
-        return await train_transformer(ctx, unsplit)
-    model = TensorParallelMLP(unsplit, comm.rank, comm.world_size, cfg.recompute)
+    if cfg.model == "gpt-tiny":  # the mesh with one dimension above 1
+        return await mesh_program.train(ctx, Mesh(("tp",), (cfg.workers,)))
+    model = TensorParallelMLP(ctx.build_model(), comm.rank, comm.world_size, cfg.recompute)
     optimizer = make_optimizer(cfg, model.parameters())  # the slices, stepped locally
     await evaluate(ctx, model, epoch=0.0, step=0)
     step = 0
@@ -232,47 +232,6 @@ async def train(ctx: WorkerContext) -> None:
         counted = stats.samples if comm.is_root else 0  # one batch for all: counted once
         sent = comm.bytes_sent - sent_before
         ctx.log_train(step, stats, sent=sent, lr=lr_of(optimizer), counted=counted)
-        ctx.die_if_killed(step)
-        if ctx.is_boundary(step):
-            await evaluate(ctx, model, epoch=ctx.progress(step), step=step)
-    ctx.keep_model(await model.unsplit(comm, ctx.build_model()))
-
-
-async def train_transformer(ctx: WorkerContext, gpt: GPT) -> None:
-    """The GPT's program: per block, two allreduces forward (g) and two backward (f), or with
-    sequence parallelism their reduce-scatters and all-gathers; the ledger's ``mem_*`` columns."""
-    cfg, comm = ctx.config, ctx.comm
-    model = TensorParallelGPT(
-        gpt, comm.rank, comm.world_size, sequence_parallel=cfg.sequence_parallel
-    )
-    optimizer = make_optimizer(cfg, model.parameters())  # the slices, stepped locally
-    await evaluate(ctx, model, epoch=0.0, step=0)
-    step = 0
-    for x, y in ctx.local_batches():
-        sent_before = comm.bytes_sent
-        optimizer.zero_grad()
-        model.ledgers.new_step()
-        model.block_bytes = 0
-        out, saved = await model.forward_async(comm, x)
-        async with comm.compute(len(y), model.head_share):  # the head: forward and backward
-            loss = F.cross_entropy(out, y)
-            loss.backward()  # the head's gradients and its input's (whole, replicated)
-        stats = StepStats(loss.item(), correct_count(out, y), len(y))
-        check_finite(stats.loss, rank=ctx.rank, epoch=step // ctx.steps_per_epoch, step=step)
-        await model.backward(comm, saved)
-        del saved, out
-        ctx.set_lr(optimizer, step)
-        optimizer.step()
-        step += 1
-        counted = stats.samples if comm.is_root else 0  # one batch for all: counted once
-        sent = comm.bytes_sent - sent_before
-        memory = model.memory(optimizer).columns()
-        # What the notebook compares (study.sequence_parallel_costs in studies/): the blocks'
-        # traffic of the last step, the LayerNorm regions' largest saved bytes.
-        ctx.result["block_bytes_sent"] = model.block_bytes
-        norms = max(ctx.result.get("norm_activations", 0), model.ledgers.norms.bytes.peak)
-        ctx.result["norm_activations"] = norms
-        ctx.log_train(step, stats, sent=sent, lr=lr_of(optimizer), counted=counted, memory=memory)
         ctx.die_if_killed(step)
         if ctx.is_boundary(step):
             await evaluate(ctx, model, epoch=ctx.progress(step), step=step)
