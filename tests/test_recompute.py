@@ -257,3 +257,14 @@ def test_the_claim_is_decided_on_measured_figures():
     assert table.loc["resnet18", "saving"] >= 2 and table.loc["mlp", "saving"] == 1.0
     assert (table["recompute_activations_mb"] <= table["bound_mb"]).all()
     assert claim.figures["saving_resnet18"] == table.loc["resnet18", "saving"]
+
+
+def test_two_steps_give_the_table_of_four():
+    """The notebook's quick mode measures the claim on two steps per run: on one worker every
+    step keeps the same activations and takes the same simulated time."""
+    import pandas as pd
+
+    two = recompute_table(models=("mlp", "cnn"), batch_size=8, steps=2)
+    pd.testing.assert_frame_equal(two, recompute_table(models=("mlp", "cnn"), batch_size=8))
+    with pytest.raises(ValueError, match="steps=1: the step time needs at least 2 steps"):
+        recompute_table(models=("mlp",), steps=1)

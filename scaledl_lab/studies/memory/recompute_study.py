@@ -32,11 +32,11 @@ CLAIM = (
 MB = 1e6
 
 
-def _config(model: str, batch_size: int, recompute: bool) -> ExperimentConfig:
+def _config(model: str, batch_size: int, recompute: bool, steps: int) -> ExperimentConfig:
     return ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=1, model=model, dataset="fashion-mnist",
-        batch_size=batch_size, train_subset=batch_size * STEPS, val_size=0, test_subset=batch_size,
-        epochs=1, max_steps=STEPS, seed=0, recompute=recompute,
+        batch_size=batch_size, train_subset=batch_size * steps, val_size=0, test_subset=batch_size,
+        epochs=1, max_steps=steps, seed=0, recompute=recompute,
     )  # fmt: skip
 
 
@@ -46,15 +46,23 @@ def _measured(cfg: ExperimentConfig) -> tuple[float, float]:
     return float(train["mem_activations"].max()), float(train["time"].diff().median())
 
 
-def recompute_table(models: tuple[str, ...] = MODELS, batch_size: int = 32) -> pd.DataFrame:
+def recompute_table(
+    models: tuple[str, ...] = MODELS, batch_size: int = 32, steps: int = STEPS
+) -> pd.DataFrame:
     """One row per model: its segments, the ledger's activations without and with
     recomputation (MB), the checkpoints and the largest segment's own activations (MB), their
     sum (the claim's bound), the saving, the simulated step time ratio and the extra forwards
     it stands for (a forward is a third of a step), and whether the row bears the claim out
-    (with ≤ the bound, and one extra forward within 10%)."""
+    (with ≤ the bound, and one extra forward within 10%).
+
+    ``steps`` per run, at least 2 (the step time is a difference of two steps' times); on one
+    worker every step keeps the same activations and takes the same simulated time, so two
+    give the table that more do, for less compute (the notebook's quick mode)."""
+    if steps < 2:
+        raise ValueError(f"steps={steps}: the step time needs at least 2 steps")
     rows = []
     for model in models:
-        cfg = _config(model, batch_size, recompute=False)
+        cfg = _config(model, batch_size, recompute=False, steps=steps)
         data = load_for(cfg)
         net = build_model(model, data.input_shape, data.num_classes, seed=cfg.seed)
         sizes = segment_bytes(net, torch.zeros(batch_size, *data.input_shape))
