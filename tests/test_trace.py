@@ -82,4 +82,6 @@ def test_a_dask_rank_profiles_exactly_the_step_asked(client, tmp_path):
         step = {e["tid"] for e in events if e["name"] == "c10d::allreduce_"}
         assert gloo.isdisjoint(step)
         bars = profiler_bars(text, rank)
-        assert set(bars["kind"]) >= {"compute", "comm"}
+        # Whether a transfer shows as exposed ("comm") or hidden ("overlapped") depends on how
+        # gloo's thread and the step shared the cores in that run: one of the two, always.
+        assert "compute" in set(bars["kind"]) and set(bars["kind"]) & {"comm", "overlapped"}
