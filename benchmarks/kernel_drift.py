@@ -48,7 +48,7 @@ def cases() -> dict[str, list]:
         runtime="sim", workers=16, dataset="fashion-mnist", model="mlp", batch_size=32,
         lr=0.05, momentum=0.0, epochs=6, val_size=500, test_subset=1000, train_subset=3072,
     )  # fmt: skip
-    pair = nb03.replace(workers=8, epochs=1, train_subset=8192, val_size=0, test_subset=1000)
+    pair = nb03.replace(workers=8, epochs=1, train_subset=4096, val_size=0, test_subset=1000)
     nb04 = ExperimentConfig(
         strategy="allreduce", runtime="sim", workers=16, dataset="fashion-mnist", model="mlp",
         optimizer="adam", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=32, epochs=4,
